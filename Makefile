@@ -1,0 +1,40 @@
+# idemq — make targets. See README.md.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+ENV := eval "$$(scripts/services.sh env)"
+TEST_TIMEOUT ?= 15m
+
+.PHONY: services env status down test test-unit test-faults demo bench vet fmt chaos
+
+services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
+	@scripts/services.sh up
+
+env: ## print export lines for a shell: eval $$(make -s env)
+	@scripts/services.sh env
+
+status:
+	@scripts/services.sh status
+
+down:
+	@scripts/services.sh down
+
+vet:
+	$(GO) vet ./...
+	$(GO) vet -tags faults ./...
+
+fmt:
+	gofmt -w .
+
+test: services vet ## start services, run every test with the race detector
+	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags faults -p 1 -run '^TestFault' ./...
+
+test-unit:
+	$(GO) test -race -count=1 ./internal/...
+
+demo: services ## publish with duplicates, consume, show what happened
+	$(ENV) && $(GO) run ./examples/quickstart
+
+bench: services ## consume throughput against raw amqp091-go; writes docs/BENCHMARKS.md
+	$(ENV) && $(GO) run ./internal/benchrun -out docs/BENCHMARKS.md

@@ -1,0 +1,20 @@
+// Command idemq is the operations tool for idemq: topology, dead letters,
+// dedup keys, the outbox relay, the demo and the benchmarks.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "idemq:", err)
+		os.Exit(1)
+	}
+}

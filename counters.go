@@ -1,0 +1,97 @@
+package idemq
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// Counter names recorded by the consumer and the layers of defence.
+const (
+	CountDelivered      = "delivered"         // deliveries received from the broker
+	CountRedelivered    = "redelivered"       // of which flagged redelivered by the broker
+	CountAcked          = "acked"             // handler chain returned nil
+	CountProcessed      = "processed"         // the handler itself ran and succeeded
+	CountFailed         = "failed"            // the handler chain returned an error
+	CountRejected       = "rejected"          // nacked without requeue (no failure policy)
+	CountRequeued       = "requeued"          // nacked with requeue after a delay
+	CountPanics         = "panics"            // handler panics recovered
+	CountDuplicates     = "duplicates"        // suppressed duplicates (dedup or inbox)
+	CountInFlight       = "inflight_deferred" // deferred: another consumer holds the lease
+	CountLeasesLost     = "leases_lost"       // complete found the lease gone
+	CountStoreErrors    = "store_errors"      // dedup store unavailable or failing
+	CountReconnects     = "reconnects"        // connection or channel re-established
+	CountPublished      = "published"         // publisher: confirmed publishes
+	CountPublishRetries = "publish_retries"   // publisher: attempts resent
+	CountDeadLettered   = "dead_lettered"     // sent to the dead-letter queue
+	CountRetried        = "retried"           // sent to a delay queue for a later attempt
+	CountFailOpen       = "fail_open"         // processed without the dedup store (fail-open)
+)
+
+// Recorder receives counter increments. It must be safe for concurrent use.
+// The metrics package adapts it to Prometheus; [Counters] keeps them in memory.
+type Recorder interface {
+	Add(name string, delta int64)
+}
+
+// Counters is an in-memory [Recorder]. The zero value is ready to use.
+type Counters struct {
+	m sync.Map // name → *atomic.Int64
+}
+
+// Add implements [Recorder].
+func (c *Counters) Add(name string, delta int64) {
+	v, ok := c.m.Load(name)
+	if !ok {
+		v, _ = c.m.LoadOrStore(name, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Add(delta)
+}
+
+// Get returns the current value of a counter.
+func (c *Counters) Get(name string) int64 {
+	v, ok := c.m.Load(name)
+	if !ok {
+		return 0
+	}
+	return v.(*atomic.Int64).Load()
+}
+
+// Snapshot returns every counter.
+func (c *Counters) Snapshot() map[string]int64 {
+	out := map[string]int64{}
+	c.m.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return out
+}
+
+// Names returns the counter names seen so far, sorted.
+func (c *Counters) Names() []string {
+	var names []string
+	c.m.Range(func(k, _ any) bool { names = append(names, k.(string)); return true })
+	sort.Strings(names)
+	return names
+}
+
+type recorderKey struct{}
+
+// WithRecorder returns a context carrying r; the consumer puts its recorder
+// in every handler context so middlewares count into the same place.
+func WithRecorder(ctx context.Context, r Recorder) context.Context {
+	return context.WithValue(ctx, recorderKey{}, r)
+}
+
+// RecorderFrom returns the recorder in ctx, or a no-op one.
+func RecorderFrom(ctx context.Context) Recorder {
+	if r, ok := ctx.Value(recorderKey{}).(Recorder); ok && r != nil {
+		return r
+	}
+	return nopRecorder{}
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Add(string, int64) {}

@@ -1,0 +1,126 @@
+package idemq
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors callers can match with errors.Is.
+var (
+	// ErrMissingMessageID: a publish or a delivery without a message ID.
+	ErrMissingMessageID = errors.New("idemq: missing message ID")
+	// ErrInvalidMessageID: an ID that is too long or has control characters.
+	ErrInvalidMessageID = errors.New("idemq: invalid message ID")
+	// ErrUnroutable: the broker returned a mandatory message (no queue bound).
+	ErrUnroutable = errors.New("idemq: message returned as unroutable")
+	// ErrNacked: the broker refused a publish (basic.nack) and retries ran out.
+	ErrNacked = errors.New("idemq: publish nacked by the broker")
+	// ErrClosed: the publisher or consumer was closed.
+	ErrClosed = errors.New("idemq: closed")
+)
+
+// Dead-letter reasons carried in the x-idemq-reason header.
+const (
+	ReasonHandlerError  = "handler-error"
+	ReasonPermanent     = "permanent"
+	ReasonMissingID     = "missing-id"
+	ReasonInvalidID     = "invalid-id"
+	ReasonMaxAttempts   = "max-attempts"
+	ReasonDeliveryLimit = "delivery-limit"
+	ReasonUnparseable   = "unparseable"
+	ReasonPanic         = "panic"
+)
+
+// PermanentError marks a failure that no retry can fix: the delivery goes
+// straight to the dead-letter queue. Create one with [Permanent].
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + errString(e.Err) }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so the failure policy dead-letters the delivery
+// without retrying it. Permanent(nil) returns nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err (or anything it wraps) is permanent:
+// a [PermanentError] or a [RejectError].
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	var r *RejectError
+	return errors.As(err, &p) || errors.As(err, &r)
+}
+
+// RejectError says a delivery cannot be processed at all (no ID, an
+// unparseable body): it is dead-lettered with Reason, never retried and
+// never processed unguarded. Create one with [Reject].
+type RejectError struct {
+	Reason string // one of the Reason* constants, or your own
+	Err    error
+}
+
+func (e *RejectError) Error() string { return e.Reason + ": " + errString(e.Err) }
+func (e *RejectError) Unwrap() error { return e.Err }
+
+// Reject returns a [RejectError] with reason and the cause err.
+func Reject(reason string, err error) error {
+	return &RejectError{Reason: reason, Err: err}
+}
+
+// RequeueError says the delivery was not processed and must come back later
+// — not counted as a failed attempt, never acked as done. The dedup guard
+// returns it when another consumer holds the message's lease, or when its
+// store is unavailable. Create one with [Requeue].
+type RequeueError struct {
+	After  time.Duration // the earliest it should come back
+	Reason string
+	Err    error
+}
+
+func (e *RequeueError) Error() string {
+	return fmt.Sprintf("requeue after %v (%s): %s", e.After, e.Reason, errString(e.Err))
+}
+func (e *RequeueError) Unwrap() error { return e.Err }
+
+// Requeue returns a [RequeueError].
+func Requeue(after time.Duration, reason string, err error) error {
+	return &RequeueError{After: after, Reason: reason, Err: err}
+}
+
+// PanicError is what a panicking handler becomes: a failed handler, not a
+// dead process.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+
+// ReasonOf returns the dead-letter reason for a handler error.
+func ReasonOf(err error) string {
+	var r *RejectError
+	if errors.As(err, &r) {
+		return r.Reason
+	}
+	var p *PermanentError
+	if errors.As(err, &p) {
+		return ReasonPermanent
+	}
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		return ReasonPanic
+	}
+	return ReasonHandlerError
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}

@@ -1,0 +1,290 @@
+// Package acker coalesces the acknowledgements of one AMQP channel.
+//
+// Deliveries on a channel carry increasing delivery tags. Workers finish them
+// in any order; the Acker sends basic.ack with multiple=true up to the highest
+// tag whose every predecessor has been settled, so one frame acknowledges a
+// whole run. It never acknowledges a tag that is still in a worker's hands and
+// never settles a tag twice (RabbitMQ closes the channel with
+// PRECONDITION_FAILED on an unknown tag).
+//
+// Negative acknowledgements are sent at once, one tag at a time. A tag that
+// waits behind a slow predecessor for longer than StuckAfter is acknowledged on
+// its own, so one long handler does not pin the whole prefetch window.
+//
+// An Acker belongs to one channel: when the channel dies, the Acker is closed
+// and every later decision for its tags is dropped (the broker redelivers
+// those messages on the next channel).
+package acker
+
+import (
+	"errors"
+	"sync"
+	"time"
+)
+
+// Channel is the part of *amqp091.Channel the Acker needs.
+type Channel interface {
+	Ack(tag uint64, multiple bool) error
+	Nack(tag uint64, multiple, requeue bool) error
+}
+
+// Config tunes coalescing. The zero value is usable.
+type Config struct {
+	// MaxBatch is the number of settled tags after which an ack is sent
+	// without waiting for the flush interval. Default 50.
+	MaxBatch int
+	// FlushInterval bounds how long a settled ack may wait to be sent.
+	// Default 20ms.
+	FlushInterval time.Duration
+	// StuckAfter is how long an acknowledged tag may wait behind an
+	// unsettled predecessor before it is acknowledged on its own.
+	// Default 250ms.
+	StuckAfter time.Duration
+	// OnError is called (outside the lock) when an ack or nack frame could
+	// not be sent. Optional.
+	OnError func(error)
+}
+
+// ErrClosed is returned for decisions made after Close.
+var ErrClosed = errors.New("acker: closed (the channel is gone; the broker will redeliver)")
+
+// ErrUnknownTag is returned for a tag that was never registered or is
+// already settled: settling it would break the channel.
+var ErrUnknownTag = errors.New("acker: unknown or already settled delivery tag")
+
+type state uint8
+
+const (
+	outstanding state = iota // in a worker's hands
+	ackPending               // decided ack, not yet on the wire
+	settled                  // on the wire (nack, or an individual ack)
+)
+
+type entry struct {
+	state     state
+	decidedAt time.Time
+}
+
+// Acker coalesces acks for one channel. It is safe for concurrent use.
+type Acker struct {
+	ch  Channel
+	cfg Config
+
+	mu      sync.Mutex
+	next    uint64 // lowest tag not yet covered by a sent multiple-ack
+	max     uint64 // highest registered tag
+	entries map[uint64]*entry
+	lastAck uint64 // highest tag in the settled prefix that is ackPending
+	batch   int    // ackPending tags in the prefix not yet sent
+	closed  bool
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// New returns an Acker for ch and starts its flush timer.
+func New(ch Channel, cfg Config) *Acker {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 50
+	}
+	if cfg.FlushInterval <= 0 {
+		cfg.FlushInterval = 20 * time.Millisecond
+	}
+	if cfg.StuckAfter <= 0 {
+		cfg.StuckAfter = 250 * time.Millisecond
+	}
+	a := &Acker{
+		ch:      ch,
+		cfg:     cfg,
+		next:    1,
+		entries: make(map[uint64]*entry),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go a.loop()
+	return a
+}
+
+// Register records a tag received from the broker. Tags must be registered
+// in increasing order, before any decision about them.
+func (a *Acker) Register(tag uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return ErrClosed
+	}
+	if tag <= a.max {
+		return ErrUnknownTag
+	}
+	// Tags may skip (they never do on one channel, but be safe): a skipped
+	// tag is not ours to settle, treat it as already settled.
+	for t := a.max + 1; t < tag; t++ {
+		a.entries[t] = &entry{state: settled}
+	}
+	a.max = tag
+	a.entries[tag] = &entry{state: outstanding}
+	return nil
+}
+
+// Ack records that tag was processed. The frame is coalesced.
+func (a *Acker) Ack(tag uint64) error {
+	var errs []error
+	a.mu.Lock()
+	e, err := a.take(tag)
+	if err != nil {
+		a.mu.Unlock()
+		return err
+	}
+	e.state = ackPending
+	e.decidedAt = time.Now()
+	errs = a.advance(false, errs)
+	a.mu.Unlock()
+	a.report(errs)
+	return nil
+}
+
+// Nack sends a negative acknowledgement for tag at once.
+func (a *Acker) Nack(tag uint64, requeue bool) error {
+	a.mu.Lock()
+	e, err := a.take(tag)
+	if err != nil {
+		a.mu.Unlock()
+		return err
+	}
+	e.state = settled
+	var errs []error
+	if err := a.ch.Nack(tag, false, requeue); err != nil {
+		errs = append(errs, err)
+	}
+	errs = a.advance(false, errs)
+	a.mu.Unlock()
+	a.report(errs)
+	return nil
+}
+
+// Outstanding returns how many registered tags are not yet on the wire.
+func (a *Acker) Outstanding() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.entries)
+}
+
+// Close flushes the settled prefix, sends individual acks for any acked tag
+// behind an unsettled one, and stops the Acker. Later decisions return
+// ErrClosed. Close is idempotent.
+func (a *Acker) Close() {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	errs := a.advance(true, nil)
+	errs = a.unstick(time.Time{}, errs)
+	a.closed = true
+	a.mu.Unlock()
+	close(a.stop)
+	<-a.done
+	a.report(errs)
+}
+
+// Abandon stops the Acker without sending anything (the channel is dead).
+func (a *Acker) Abandon() {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	a.closed = true
+	a.mu.Unlock()
+	close(a.stop)
+	<-a.done
+}
+
+func (a *Acker) take(tag uint64) (*entry, error) {
+	if a.closed {
+		return nil, ErrClosed
+	}
+	e, ok := a.entries[tag]
+	if !ok || e.state != outstanding {
+		return nil, ErrUnknownTag
+	}
+	return e, nil
+}
+
+// advance moves the settled prefix forward and sends a multiple-ack when the
+// batch is full or when force is set (the flush timer, Close). Called with
+// a.mu held.
+func (a *Acker) advance(force bool, errs []error) []error {
+	for {
+		e, ok := a.entries[a.next]
+		if !ok || e.state == outstanding {
+			break
+		}
+		if e.state == ackPending {
+			a.lastAck = a.next
+			a.batch++
+		}
+		delete(a.entries, a.next)
+		a.next++
+	}
+	if a.batch == 0 {
+		return errs
+	}
+	if force || a.batch >= a.cfg.MaxBatch {
+		if err := a.ch.Ack(a.lastAck, true); err != nil {
+			errs = append(errs, err)
+		}
+		a.batch = 0
+	}
+	return errs
+}
+
+// unstick acknowledges, one by one, acked tags that wait behind an
+// outstanding predecessor and were decided before cutoff (all of them when
+// cutoff is zero). Called with a.mu held.
+func (a *Acker) unstick(cutoff time.Time, errs []error) []error {
+	for tag, e := range a.entries {
+		if e.state != ackPending {
+			continue
+		}
+		if !cutoff.IsZero() && e.decidedAt.After(cutoff) {
+			continue
+		}
+		if err := a.ch.Ack(tag, false); err != nil {
+			errs = append(errs, err)
+		}
+		e.state = settled
+	}
+	return errs
+}
+
+func (a *Acker) loop() {
+	defer close(a.done)
+	t := time.NewTicker(a.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case now := <-t.C:
+			a.mu.Lock()
+			if a.closed {
+				a.mu.Unlock()
+				return
+			}
+			errs := a.advance(true, nil)
+			errs = a.unstick(now.Add(-a.cfg.StuckAfter), errs)
+			a.mu.Unlock()
+			a.report(errs)
+		}
+	}
+}
+
+func (a *Acker) report(errs []error) {
+	if a.cfg.OnError == nil {
+		return
+	}
+	for _, err := range errs {
+		a.cfg.OnError(err)
+	}
+}

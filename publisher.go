@@ -1,0 +1,374 @@
+package idemq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/backoff"
+)
+
+// PublisherConfig configures a [Publisher]. The zero value is usable.
+type PublisherConfig struct {
+	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL].
+	URL string
+	// Setup declares topology after each (re)connect. Optional.
+	Setup SetupFunc
+	// MaxInFlight bounds publishes awaiting their confirm. Default 4096.
+	MaxInFlight int
+	// Retry is the backoff between attempts of one publish (after a nack or
+	// a lost connection). Default 50ms doubling to 5s, with jitter.
+	Retry backoff.Policy
+	// MaxAttempts bounds the attempts of one publish; 0 means retry until
+	// the context is done. Set a context deadline either way.
+	MaxAttempts int
+	// Heartbeat for the AMQP connection. Default 10s.
+	Heartbeat time.Duration
+	// Recorder receives counters (published, publish_retries). Optional.
+	Recorder Recorder
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Dial overrides how the connection is made. Default amqp.DialConfig.
+	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
+}
+
+// ReturnedError is the error for a mandatory message the broker returned
+// (no queue bound to its routing key). It wraps [ErrUnroutable].
+type ReturnedError struct {
+	MessageID  string
+	Exchange   string
+	RoutingKey string
+	ReplyCode  uint16
+	ReplyText  string
+}
+
+func (e *ReturnedError) Error() string {
+	return fmt.Sprintf("idemq: message %q returned by the broker: %d %s (exchange %q, routing key %q)",
+		e.MessageID, e.ReplyCode, e.ReplyText, e.Exchange, e.RoutingKey)
+}
+func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
+
+// Publisher publishes with confirms, mandatory routing and retries. It is
+// safe for concurrent use; each publish waits only for its own confirm.
+type Publisher struct {
+	cfg PublisherConfig
+	log *slog.Logger
+	rec Recorder
+	sem chan struct{}
+
+	mu     sync.Mutex // guards cur and closed; held while (re)connecting
+	cur    *pubChannel
+	closed bool
+}
+
+// NewPublisher returns a publisher. It connects on first use.
+func NewPublisher(cfg PublisherConfig) *Publisher {
+	if cfg.URL == "" {
+		cfg.URL = URLFromEnv()
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 4096
+	}
+	if cfg.Retry.Min <= 0 {
+		cfg.Retry.Min = 50 * time.Millisecond
+	}
+	if cfg.Retry.Max <= 0 {
+		cfg.Retry.Max = 5 * time.Second
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = amqp.DialConfig
+	}
+	rec := cfg.Recorder
+	if rec == nil {
+		rec = nopRecorder{}
+	}
+	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight)}
+}
+
+// Publish sends msg and returns once the broker has confirmed it. A nack or
+// a lost connection is retried with backoff (the resend keeps msg.ID, so the
+// consumer may see it twice — that duplicate is the dedup guard's job). An
+// unroutable message returns a [*ReturnedError]. When ctx ends first, the
+// error wraps ctx.Err(): the message may or may not have reached the broker.
+func (p *Publisher) Publish(ctx context.Context, msg Message) error {
+	if err := ValidateID(msg.ID); err != nil {
+		return fmt.Errorf("idemq: publish: %w", err)
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("idemq: publish %q: %w", msg.ID, ctx.Err())
+	}
+	defer func() { <-p.sem }()
+
+	pub := msg.publishing(time.Now())
+	var last error
+	for attempt := 0; ; attempt++ {
+		if p.cfg.MaxAttempts > 0 && attempt >= p.cfg.MaxAttempts {
+			return fmt.Errorf("idemq: publish %q: gave up after %d attempts: %w", msg.ID, attempt, last)
+		}
+		if attempt > 0 {
+			p.rec.Add(CountPublishRetries, 1)
+			if err := backoff.Sleep(ctx, p.cfg.Retry.Delay(attempt-1)); err != nil {
+				return fmt.Errorf("idemq: publish %q: %w (last error: %v)", msg.ID, err, last)
+			}
+		}
+		pc, err := p.channel(ctx)
+		if err != nil {
+			if errors.Is(err, ErrClosed) {
+				return err
+			}
+			last = err
+			continue
+		}
+		err = pc.publish(ctx, &msg, pub)
+		switch {
+		case err == nil:
+			p.rec.Add(CountPublished, 1)
+			return nil
+		case errors.Is(err, ErrUnroutable):
+			return err
+		case ctx.Err() != nil:
+			return fmt.Errorf("idemq: publish %q: confirm not received: %w", msg.ID, ctx.Err())
+		}
+		last = err
+		p.log.Debug("idemq: publish attempt failed; retrying", "message_id", msg.ID, "attempt", attempt+1, "err", err)
+	}
+}
+
+// Close closes the connection. Publishes in flight fail with [ErrClosed].
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.cur != nil {
+		p.cur.close()
+		p.cur = nil
+	}
+	return nil
+}
+
+// channel returns the live channel, connecting if there is none.
+func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if p.cur != nil && !p.cur.isDead() {
+		return p.cur, nil
+	}
+	if p.cur != nil {
+		p.cur.close()
+		p.cur = nil
+		p.rec.Add(CountReconnects, 1)
+	}
+	pc, err := p.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p.cur = pc
+	return pc, nil
+}
+
+func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
+	conn, err := p.cfg.Dial(p.cfg.URL, amqp.Config{
+		Heartbeat:  p.cfg.Heartbeat,
+		Locale:     "en_US",
+		Properties: amqp.Table{"connection_name": "idemq publisher"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("enable confirms: %w", err)
+	}
+	if p.cfg.Setup != nil {
+		if err := p.cfg.Setup(ctx, ch); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("setup topology: %w", err)
+		}
+	}
+	pc := &pubChannel{
+		conn:    conn,
+		ch:      ch,
+		pending: map[uint64]*pendingPub{},
+		byID:    map[string][]uint64{},
+		dead:    make(chan struct{}),
+	}
+	// Returns must be read on an unbuffered channel by the same goroutine
+	// that reads confirms: the client hands a return over before it
+	// processes the ack that follows it, so the dispatcher always sees a
+	// message's return before its confirm.
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, p.cfg.MaxInFlight+16))
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	go pc.dispatch(returns, confirms, closed)
+	return pc, nil
+}
+
+type pendingPub struct {
+	id       string
+	done     chan error // buffered 1
+	returned *ReturnedError
+}
+
+// pubChannel is one connection+channel in confirm mode.
+type pubChannel struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+
+	pubMu   sync.Mutex // serialises publishes on the channel
+	mu      sync.Mutex // guards the fields below
+	pending map[uint64]*pendingPub
+	byID    map[string][]uint64 // message ID → seqs awaiting a confirm, in order
+	dead    chan struct{}
+	deadErr error
+}
+
+var errChannelLost = errors.New("idemq: channel lost before the confirm")
+
+func (pc *pubChannel) isDead() bool {
+	select {
+	case <-pc.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publishing) error {
+	pp := &pendingPub{id: msg.ID, done: make(chan error, 1)}
+	// pubMu makes "next sequence number" and "publish" one step; mu (the
+	// bookkeeping) is never held across a network write, so the dispatcher
+	// can always take returns and confirms off the client's reader.
+	pc.pubMu.Lock()
+	pc.mu.Lock()
+	if pc.isDead() {
+		pc.mu.Unlock()
+		pc.pubMu.Unlock()
+		return errChannelLost
+	}
+	seq := pc.ch.GetNextPublishSeqNo()
+	pc.pending[seq] = pp
+	pc.byID[msg.ID] = append(pc.byID[msg.ID], seq)
+	pc.mu.Unlock()
+	err := pc.ch.PublishWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
+	if err != nil {
+		pc.mu.Lock()
+		pc.forget(seq, msg.ID)
+		pc.mu.Unlock()
+		pc.pubMu.Unlock()
+		return fmt.Errorf("publish frame: %w", err)
+	}
+	pc.pubMu.Unlock()
+
+	select {
+	case err := <-pp.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// forget removes seq from the bookkeeping. Called with pc.mu held.
+func (pc *pubChannel) forget(seq uint64, id string) {
+	delete(pc.pending, seq)
+	seqs := pc.byID[id]
+	for i, s := range seqs {
+		if s == seq {
+			seqs = append(seqs[:i], seqs[i+1:]...)
+			break
+		}
+	}
+	if len(seqs) == 0 {
+		delete(pc.byID, id)
+	} else {
+		pc.byID[id] = seqs
+	}
+}
+
+func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.Confirmation, closed <-chan *amqp.Error) {
+	var why error = errChannelLost
+	defer func() { pc.fail(why) }()
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			pc.mu.Lock()
+			if seqs := pc.byID[r.MessageId]; len(seqs) > 0 {
+				if pp := pc.pending[seqs[0]]; pp != nil && pp.returned == nil {
+					pp.returned = &ReturnedError{MessageID: r.MessageId, Exchange: r.Exchange,
+						RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+				}
+			}
+			pc.mu.Unlock()
+		case c, ok := <-confirms:
+			if !ok {
+				return
+			}
+			pc.mu.Lock()
+			pp := pc.pending[c.DeliveryTag]
+			if pp != nil {
+				pc.forget(c.DeliveryTag, pp.id)
+			}
+			pc.mu.Unlock()
+			if pp == nil {
+				continue
+			}
+			switch {
+			case pp.returned != nil:
+				pp.done <- pp.returned
+			case c.Ack:
+				pp.done <- nil
+			default:
+				pp.done <- ErrNacked
+			}
+		case e := <-closed:
+			if e != nil {
+				why = fmt.Errorf("%w: %v", errChannelLost, e)
+			}
+			return
+		}
+	}
+}
+
+// fail marks the channel dead and fails every publish awaiting a confirm.
+func (pc *pubChannel) fail(why error) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if !pc.isDead() {
+		pc.deadErr = why
+		close(pc.dead)
+	}
+	for seq, pp := range pc.pending {
+		pp.done <- why
+		delete(pc.pending, seq)
+	}
+	pc.byID = map[string][]uint64{}
+}
+
+func (pc *pubChannel) close() {
+	_ = pc.conn.Close()
+	pc.fail(ErrClosed)
+}

@@ -1,0 +1,171 @@
+package idemq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+func TestPublishRequiresAnID(t *testing.T) {
+	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	defer p.Close()
+	err := p.Publish(context.Background(), idemq.Message{RoutingKey: "x"})
+	if !errors.Is(err, idemq.ErrMissingMessageID) {
+		t.Fatalf("err = %v, want ErrMissingMessageID", err)
+	}
+	err = p.Publish(context.Background(), idemq.Message{ID: "bad\nid", RoutingKey: "x"})
+	if !errors.Is(err, idemq.ErrInvalidMessageID) {
+		t.Fatalf("err = %v, want ErrInvalidMessageID", err)
+	}
+}
+
+func TestPublishConfirmedAndPersistent(t *testing.T) {
+	testenv.RequireAMQP(t)
+	queue := testenv.Queue(t, nil)
+	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Publish(ctx, idemq.Message{ID: "order-1", RoutingKey: queue, Body: []byte("x"), Headers: map[string]any{"k": "v"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := testenv.Drain(t, queue)
+	if len(got) != 1 || got[0].MessageId != "order-1" || got[0].DeliveryMode != 2 || got[0].Headers["k"] != "v" {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+func TestPublishUnroutableIsAnError(t *testing.T) {
+	testenv.RequireAMQP(t)
+	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Concurrent routable and unroutable publishes: each gets its own answer.
+	queue := testenv.Queue(t, nil)
+	var wg sync.WaitGroup
+	errs := make([]error, 40)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := queue
+			if i%2 == 1 {
+				key = testenv.Name(t, "nowhere")
+			}
+			errs[i] = p.Publish(ctx, idemq.Message{ID: fmt.Sprintf("m-%d", i), RoutingKey: key})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if i%2 == 0 && err != nil {
+			t.Fatalf("routable publish %d: %v", i, err)
+		}
+		if i%2 == 1 {
+			var re *idemq.ReturnedError
+			if !errors.As(err, &re) || !errors.Is(err, idemq.ErrUnroutable) || re.MessageID != fmt.Sprintf("m-%d", i) {
+				t.Fatalf("unroutable publish %d: err = %v", i, err)
+			}
+		}
+	}
+	if got := len(testenv.Drain(t, queue)); got != 20 {
+		t.Fatalf("queue has %d messages, want 20", got)
+	}
+}
+
+// The publisher loses nothing when its connection is killed mid-stream:
+// every message it reported as confirmed is in the queue.
+func TestPublisherSurvivesConnectionCuts(t *testing.T) {
+	proxy, url := testenv.AMQPProxy(t)
+	queue := testenv.Queue(t, nil)
+	var rec idemq.Counters
+	p := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLogger(), Recorder: &rec,
+		Retry: backoffFast()})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	const n, workers = 4000, 16
+	var confirmed sync.Map
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += workers {
+				id := fmt.Sprintf("pub-%d", i)
+				if err := p.Publish(ctx, idemq.Message{ID: id, RoutingKey: queue, Body: []byte(id)}); err != nil {
+					errc <- err
+					return
+				}
+				confirmed.Store(id, true)
+				sent.Add(1)
+			}
+		}()
+	}
+	for cut := 1; cut <= 3; cut++ {
+		target := int64(cut * n / 4)
+		testenv.Eventually(t, 60*time.Second, "publishing progress", func() bool { return sent.Load() >= target })
+		proxy.Cut()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatalf("publish failed: %v", err)
+	}
+	inQueue := map[string]int{}
+	for _, d := range testenv.Drain(t, queue) {
+		inQueue[d.MessageId]++
+	}
+	missing := 0
+	confirmed.Range(func(k, _ any) bool {
+		if inQueue[k.(string)] == 0 {
+			missing++
+		}
+		return true
+	})
+	if missing > 0 {
+		t.Fatalf("%d confirmed messages are not in the queue", missing)
+	}
+	if len(inQueue) != n {
+		t.Fatalf("%d distinct IDs in the queue, want %d", len(inQueue), n)
+	}
+	if rec.Get(idemq.CountReconnects) < 3 {
+		t.Fatalf("reconnects = %d, want ≥ 3", rec.Get(idemq.CountReconnects))
+	}
+	t.Logf("published %d, retries %d, reconnects %d, duplicates in queue %d",
+		rec.Get(idemq.CountPublished), rec.Get(idemq.CountPublishRetries), rec.Get(idemq.CountReconnects), sumDup(inQueue))
+}
+
+func sumDup(m map[string]int) int {
+	d := 0
+	for _, v := range m {
+		d += v - 1
+	}
+	return d
+}
+
+func TestPublishHonoursContext(t *testing.T) {
+	// A broker that never answers: a listener that accepts and says nothing.
+	p := idemq.NewPublisher(idemq.PublisherConfig{URL: "amqp://guest:guest@127.0.0.1:1/", Logger: quietLogger()})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := p.Publish(ctx, idemq.Message{ID: "x", RoutingKey: "q"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want a deadline error", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("Publish took %v past its deadline", time.Since(start))
+	}
+}
