@@ -1,0 +1,126 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ClaimResult is the answer to a [Store.Claim].
+type ClaimResult int
+
+const (
+	// Acquired: the caller now holds the lease and must run the handler,
+	// then Complete (success) or Release (failure).
+	Acquired ClaimResult = iota + 1
+	// InFlight: another owner holds a live lease. Do not run, do not drop:
+	// bring the delivery back after the lease.
+	InFlight
+	// Done: the effect was applied within the dedup window. Ack without
+	// running the handler.
+	Done
+)
+
+func (r ClaimResult) String() string {
+	switch r {
+	case Acquired:
+		return "acquired"
+	case InFlight:
+		return "in-flight"
+	case Done:
+		return "done"
+	}
+	return fmt.Sprintf("ClaimResult(%d)", int(r))
+}
+
+// Claim is a claim answer with details.
+type Claim struct {
+	Result ClaimResult
+	// LeaseLeft is, for InFlight, how long the other owner's lease still
+	// runs (0 when the store cannot tell).
+	LeaseLeft time.Duration
+}
+
+// Errors a Store returns. Stores wrap their backend's errors in
+// [*StoreError] so a failing store is never mistaken for an answer.
+var (
+	// ErrLeaseLost: Complete, Release or Extend by a token that no longer
+	// holds the lease (it expired, and maybe someone else claimed it).
+	ErrLeaseLost = errors.New("dedup: lease lost")
+	// ErrInvalidKey: an empty key or one longer than MaxKeyLength.
+	ErrInvalidKey = errors.New("dedup: invalid key")
+)
+
+// MaxKeyLength bounds a store key (prefix:group:id) in bytes.
+const MaxKeyLength = 1024
+
+// StoreError is a failure of the backend (network, timeout, SQL error): the
+// store could not answer. The guard treats it as "store unavailable".
+type StoreError struct {
+	Op  string // claim, complete, release, extend
+	Err error
+}
+
+func (e *StoreError) Error() string { return "dedup: store " + e.Op + ": " + e.Err.Error() }
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// Store keeps dedup records. Every method is atomic in its backend and safe
+// for concurrent use by many processes sharing the backend.
+//
+// Keys are opaque strings built by the guard ("<prefix>:<group>:<id>");
+// tokens identify one claim attempt (one per delivery).
+type Store interface {
+	// Claim tries to take a lease on key for token.
+	//   absent, or processing with an expired lease → processing(token, lease): Acquired
+	//   processing with a live lease of another token → InFlight
+	//   processing with a live lease of the same token → Acquired (idempotent)
+	//   done (within its window)                      → Done
+	Claim(ctx context.Context, key, token string, lease time.Duration) (Claim, error)
+	// Complete turns processing(token) into done, kept for window. If the
+	// record is not processing(token) any more it returns ErrLeaseLost and
+	// still records done (the effect was applied: remembering it is the
+	// lesser harm), unless another token holds a live lease on it.
+	Complete(ctx context.Context, key, token string, window time.Duration) error
+	// Release deletes processing(token) so a redelivery can try again. A
+	// record that is not processing(token) is left alone and ErrLeaseLost
+	// returned.
+	Release(ctx context.Context, key, token string) error
+	// Extend renews the lease of processing(token) (heartbeat), or returns
+	// ErrLeaseLost.
+	Extend(ctx context.Context, key, token string, lease time.Duration) error
+}
+
+// Inspector is implemented by stores that can show and forget a record (the
+// `idemq keys` CLI uses it).
+type Inspector interface {
+	// Get returns the record for key, or ok=false when absent or expired.
+	Get(ctx context.Context, key string) (rec Record, ok bool, err error)
+	// Forget deletes the record whatever its state (an operator re-running a
+	// message on purpose).
+	Forget(ctx context.Context, key string) error
+}
+
+// State of a record.
+type State string
+
+const (
+	StateProcessing State = "processing"
+	StateDone       State = "done"
+)
+
+// Record is a dedup record as an [Inspector] shows it.
+type Record struct {
+	Key       string
+	State     State
+	Owner     string    // token of the lease holder (processing only)
+	ExpiresAt time.Time // lease expiry (processing) or end of window (done)
+}
+
+// ValidateKey checks a store key.
+func ValidateKey(key string) error {
+	if key == "" || len(key) > MaxKeyLength {
+		return fmt.Errorf("%w: %d bytes", ErrInvalidKey, len(key))
+	}
+	return nil
+}

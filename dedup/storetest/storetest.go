@@ -1,0 +1,373 @@
+// Package storetest is the conformance suite every dedup store runs. A store
+// is done when it passes the suite — nothing more and nothing less:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, storetest.Suite{
+//			New:    func(t *testing.T) dedup.Store { return newIsolatedStore(t) },
+//			Broken: func(t *testing.T) dedup.Store { return storeAgainstADeadBackend(t) },
+//		})
+//	}
+//
+// The suite uses real time with short leases (a few hundred milliseconds) and
+// waits on conditions with deadlines, so it works for stores whose clock is
+// the backend's (Redis PX, SQL now()).
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Suite describes the store under test.
+type Suite struct {
+	// New returns a fresh store whose keys no other test sees (its own key
+	// prefix, database or table). Required.
+	New func(t *testing.T) dedup.Store
+	// Broken returns a store whose backend is unreachable or closed; every
+	// operation must fail with an error, never answer Done. Optional only
+	// for stores that cannot fail (memory).
+	Broken func(t *testing.T) dedup.Store
+	// Lease is the short lease the expiry cases use. Default 300ms; raise it
+	// for backends with a coarse clock (e.g. 1s for SQL stores that keep
+	// second precision).
+	Lease time.Duration
+}
+
+// Run runs every conformance case as a subtest.
+func Run(t *testing.T, s Suite) {
+	if s.New == nil {
+		t.Fatal("storetest: Suite.New is required")
+	}
+	if s.Lease <= 0 {
+		s.Lease = 300 * time.Millisecond
+	}
+	cases := []struct {
+		name string
+		fn   func(*testing.T, Suite)
+	}{
+		{"ClaimAbsentAcquires", claimAbsent},
+		{"FiftyGoroutinesOneAcquires", fiftyGoroutines},
+		{"ManyKeysConcurrently", manyKeys},
+		{"ReleaseThenReclaim", releaseThenReclaim},
+		{"WrongTokenRefused", wrongToken},
+		{"CompleteThenDone", completeThenDone},
+		{"LeaseExpiryLetsAnotherClaim", leaseExpiry},
+		{"DoneExpiresAfterWindow", doneExpires},
+		{"ExtendKeepsLeaseAlive", extendKeepsAlive},
+		{"CompleteAfterLostLeaseIsReported", completeAfterLostLease},
+		{"CancelledContextIsAnError", cancelledContext},
+		{"InvalidKeyRejected", invalidKey},
+		{"StoreErrorsSurfaceAsErrors", storeErrors},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, s) })
+	}
+}
+
+const long = time.Minute
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func key(t *testing.T, n string) string { return "conf:" + t.Name() + ":" + n }
+
+func mustClaim(t *testing.T, s dedup.Store, k, token string, lease time.Duration, want dedup.ClaimResult) dedup.Claim {
+	t.Helper()
+	c, err := s.Claim(ctx(t), k, token, lease)
+	if err != nil {
+		t.Fatalf("Claim(%q, %q): %v", k, token, err)
+	}
+	if c.Result != want {
+		t.Fatalf("Claim(%q, %q) = %v, want %v", k, token, c.Result, want)
+	}
+	return c
+}
+
+// eventually polls cond until it holds or 10s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func claimAbsent(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "a")
+	mustClaim(t, st, k, "t1", long, dedup.Acquired)
+	c := mustClaim(t, st, k, "t2", long, dedup.InFlight)
+	if c.LeaseLeft < 0 || c.LeaseLeft > long {
+		t.Fatalf("LeaseLeft = %v, want within [0, %v]", c.LeaseLeft, long)
+	}
+	// The owner claiming again (a retry of the same call) is still the owner.
+	mustClaim(t, st, k, "t1", long, dedup.Acquired)
+	// Another key is independent.
+	mustClaim(t, st, key(t, "b"), "t2", long, dedup.Acquired)
+}
+
+func fiftyGoroutines(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "hot")
+	var wg sync.WaitGroup
+	results := make([]dedup.ClaimResult, 50)
+	errs := make([]error, 50)
+	start := make(chan struct{})
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			c, err := st.Claim(ctx(t), k, fmt.Sprintf("tok-%d", i), long)
+			results[i], errs[i] = c.Result, err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	acquired := 0
+	for i, r := range results {
+		if errs[i] != nil {
+			t.Fatalf("claim %d: %v", i, errs[i])
+		}
+		switch r {
+		case dedup.Acquired:
+			acquired++
+		case dedup.InFlight:
+		default:
+			t.Fatalf("claim %d = %v, want acquired or in-flight", i, r)
+		}
+	}
+	if acquired != 1 {
+		t.Fatalf("%d goroutines acquired the lease, want exactly 1", acquired)
+	}
+}
+
+func manyKeys(t *testing.T, s Suite) {
+	st := s.New(t)
+	const keys, racers = 200, 4
+	var mu sync.Mutex
+	won := map[string]int{}
+	var wg sync.WaitGroup
+	for r := 0; r < racers; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < keys; i++ {
+				k := key(t, fmt.Sprint(i))
+				c, err := st.Claim(ctx(t), k, fmt.Sprintf("r%d", r), long)
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				if c.Result == dedup.Acquired {
+					mu.Lock()
+					won[k]++
+					mu.Unlock()
+					if err := st.Complete(ctx(t), k, fmt.Sprintf("r%d", r), long); err != nil {
+						t.Errorf("complete: %v", err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(won) != keys {
+		t.Fatalf("%d keys acquired, want %d", len(won), keys)
+	}
+	for k, n := range won {
+		if n != 1 {
+			t.Fatalf("%s acquired %d times", k, n)
+		}
+	}
+}
+
+func releaseThenReclaim(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "r")
+	mustClaim(t, st, k, "t1", long, dedup.Acquired)
+	if err := st.Release(ctx(t), k, "t1"); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	mustClaim(t, st, k, "t2", long, dedup.Acquired)
+	// Releasing twice, or a record someone else now holds, is a lost lease.
+	if err := st.Release(ctx(t), k, "t1"); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("second Release by old owner: %v, want ErrLeaseLost", err)
+	}
+	mustClaim(t, st, k, "t3", long, dedup.InFlight)
+}
+
+func wrongToken(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "w")
+	mustClaim(t, st, k, "owner", long, dedup.Acquired)
+	if err := st.Release(ctx(t), k, "intruder"); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Release by wrong token: %v, want ErrLeaseLost", err)
+	}
+	if err := st.Complete(ctx(t), k, "intruder", long); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Complete by wrong token: %v, want ErrLeaseLost", err)
+	}
+	if err := st.Extend(ctx(t), k, "intruder", long); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Extend by wrong token: %v, want ErrLeaseLost", err)
+	}
+	// The owner's lease is untouched by all of that.
+	mustClaim(t, st, k, "third", long, dedup.InFlight)
+	if err := st.Complete(ctx(t), k, "owner", long); err != nil {
+		t.Fatalf("Complete by owner: %v", err)
+	}
+	mustClaim(t, st, k, "third", long, dedup.Done)
+}
+
+func completeThenDone(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "c")
+	mustClaim(t, st, k, "t1", long, dedup.Acquired)
+	if err := st.Complete(ctx(t), k, "t1", long); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	mustClaim(t, st, k, "t2", long, dedup.Done)
+	mustClaim(t, st, k, "t1", long, dedup.Done)
+	if err := st.Release(ctx(t), k, "t1"); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Release after Complete: %v, want ErrLeaseLost (done must stay done)", err)
+	}
+	mustClaim(t, st, k, "t2", long, dedup.Done)
+}
+
+func leaseExpiry(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "e")
+	mustClaim(t, st, k, "dead-owner", s.Lease, dedup.Acquired)
+	eventually(t, "the lease to expire and another token to acquire", func() bool {
+		c, err := st.Claim(ctx(t), k, "heir", long)
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		return c.Result == dedup.Acquired
+	})
+	if err := st.Extend(ctx(t), k, "dead-owner", long); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Extend by expired owner: %v, want ErrLeaseLost", err)
+	}
+	if err := st.Release(ctx(t), k, "dead-owner"); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Release by expired owner: %v, want ErrLeaseLost", err)
+	}
+	mustClaim(t, st, k, "third", long, dedup.InFlight)
+}
+
+func doneExpires(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "d")
+	mustClaim(t, st, k, "t1", long, dedup.Acquired)
+	if err := st.Complete(ctx(t), k, "t1", s.Lease); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	mustClaim(t, st, k, "t2", long, dedup.Done)
+	eventually(t, "done to be forgotten after its window", func() bool {
+		c, err := st.Claim(ctx(t), k, "t3", long)
+		if err != nil {
+			t.Fatalf("Claim: %v", err)
+		}
+		if c.Result == dedup.InFlight {
+			t.Fatalf("Claim after window = in-flight, want done or acquired")
+		}
+		return c.Result == dedup.Acquired
+	})
+}
+
+func extendKeepsAlive(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "x")
+	lease := s.Lease
+	mustClaim(t, st, k, "owner", lease, dedup.Acquired)
+	until := time.Now().Add(3 * lease)
+	for time.Now().Before(until) {
+		time.Sleep(lease / 3)
+		if err := st.Extend(ctx(t), k, "owner", lease); err != nil {
+			t.Fatalf("Extend: %v", err)
+		}
+		mustClaim(t, st, k, "other", long, dedup.InFlight)
+	}
+	// Past three first-lease lengths the lease is alive only thanks to Extend.
+	if err := st.Complete(ctx(t), k, "owner", long); err != nil {
+		t.Fatalf("Complete after extends: %v", err)
+	}
+	mustClaim(t, st, k, "other", long, dedup.Done)
+}
+
+func completeAfterLostLease(t *testing.T, s Suite) {
+	st := s.New(t)
+	k := key(t, "l")
+	mustClaim(t, st, k, "slow", s.Lease, dedup.Acquired)
+	// Wait for expiry without claiming (claiming would take the lease).
+	time.Sleep(s.Lease + s.Lease/2)
+	err := st.Complete(ctx(t), k, "slow", long)
+	if !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Complete after the lease expired: %v, want ErrLeaseLost (never hidden)", err)
+	}
+	// The effect was applied; the record remembers it.
+	mustClaim(t, st, k, "next", long, dedup.Done)
+
+	// And when someone else took the lease meanwhile, their lease stands.
+	k2 := key(t, "l2")
+	mustClaim(t, st, k2, "slow", s.Lease, dedup.Acquired)
+	eventually(t, "another token to take the expired lease", func() bool {
+		c, err := st.Claim(ctx(t), k2, "fast", long)
+		return err == nil && c.Result == dedup.Acquired
+	})
+	if err := st.Complete(ctx(t), k2, "slow", long); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Complete by the old owner: %v, want ErrLeaseLost", err)
+	}
+	mustClaim(t, st, k2, "third", long, dedup.InFlight)
+}
+
+func cancelledContext(t *testing.T, s Suite) {
+	st := s.New(t)
+	c, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err := st.Claim(c, key(t, "k"), "t", long)
+	if err == nil {
+		t.Fatalf("Claim with a cancelled context = %v, nil error; want an error", res.Result)
+	}
+}
+
+func invalidKey(t *testing.T, s Suite) {
+	st := s.New(t)
+	if _, err := st.Claim(ctx(t), "", "t", long); !errors.Is(err, dedup.ErrInvalidKey) {
+		t.Fatalf("Claim of an empty key: %v, want ErrInvalidKey", err)
+	}
+}
+
+func storeErrors(t *testing.T, s Suite) {
+	if s.Broken == nil {
+		t.Skip("this store has no failure mode to test (no Suite.Broken)")
+	}
+	st := s.Broken(t)
+	k := key(t, "k")
+	c, err := st.Claim(ctx(t), k, "t", long)
+	if err == nil {
+		t.Fatalf("Claim on a broken store = %v with no error; it must fail", c.Result)
+	}
+	var se *dedup.StoreError
+	if !errors.As(err, &se) {
+		t.Fatalf("Claim error %v is not a *dedup.StoreError", err)
+	}
+	if err := st.Complete(ctx(t), k, "t", long); err == nil || errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Complete on a broken store: %v, want a store error", err)
+	}
+	if err := st.Release(ctx(t), k, "t"); err == nil || errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Release on a broken store: %v, want a store error", err)
+	}
+	if err := st.Extend(ctx(t), k, "t", long); err == nil || errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("Extend on a broken store: %v, want a store error", err)
+	}
+}
