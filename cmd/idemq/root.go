@@ -15,5 +15,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
+	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd())
 	return root
 }
