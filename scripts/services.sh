@@ -19,7 +19,8 @@ AMQP_PORT="${IDEMQ_AMQP_PORT:-5672}"
 REDIS_PORT="${IDEMQ_REDIS_PORT:-6379}"
 PG_PORT="${IDEMQ_PG_PORT:-5432}"
 MYSQL_PORT="${IDEMQ_MYSQL_PORT:-3306}"
-RABBIT_NODE="rabbit@localhost"
+RABBIT_NODE="${IDEMQ_RABBITMQ_NODE:-rabbit@localhost}"
+RABBIT_DIST_PORT="${IDEMQ_RABBITMQ_DIST_PORT:-25672}"
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -95,7 +96,7 @@ up_rabbitmq() {
 	log "starting RabbitMQ (data in $dir)"
 	env RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
 		RABBITMQ_NODENAME="$RABBIT_NODE" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
-		RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_DIST_PORT=25672 \
+		RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_DIST_PORT="$RABBIT_DIST_PORT" \
 		nohup rabbitmq-server >"$dir/log/console.log" 2>&1 </dev/null &
 	wait_for 120 "RabbitMQ" rabbit_healthy || {
 		tail -n 40 "$dir/log/console.log" >&2 || true
