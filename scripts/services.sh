@@ -131,12 +131,12 @@ up_postgres() {
 	if [ ! -s "$dir/pgdata/PG_VERSION" ]; then
 		log "initialising PostgreSQL in $dir/pgdata"
 		rm -rf "$dir/pgdata"
-		runuser -u postgres -- "$(pg_bin initdb)" -D "$dir/pgdata" -A trust -U postgres -E UTF8 >"$dir/initdb.log" 2>&1 ||
+		(cd / && runuser -u postgres -- "$(pg_bin initdb)" -D "$dir/pgdata" -A trust -U postgres -E UTF8 >"$dir/initdb.log" 2>&1) ||
 			{ cat "$dir/initdb.log" >&2; die "initdb failed"; }
 	fi
 	log "starting PostgreSQL (data in $dir/pgdata)"
-	runuser -u postgres -- "$(pg_bin pg_ctl)" -D "$dir/pgdata" -l "$dir/postgres.log" -w -t 60 \
-		-o "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=on" start >/dev/null ||
+	(cd / && runuser -u postgres -- "$(pg_bin pg_ctl)" -D "$dir/pgdata" -l "$dir/postgres.log" -w -t 60 \
+		-o "-p $PG_PORT -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c fsync=on" start >/dev/null) ||
 		{ tail -n 40 "$dir/postgres.log" >&2; die "PostgreSQL did not start"; }
 	wait_for 60 "PostgreSQL" pg_ready || die "PostgreSQL did not become ready"
 }
@@ -175,11 +175,11 @@ up_mariadb() {
 
 print_env() {
 	cat <<-EOF
-		export IDEMQ_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/
-		export IDEMQ_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
-		export IDEMQ_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable
-		export IDEMQ_MYSQL_URL=idemq:idemq@tcp(127.0.0.1:$MYSQL_PORT)/
-		export IDEMQ_RABBITMQ_NODE=$RABBIT_NODE
+		export IDEMQ_AMQP_URL='amqp://guest:guest@127.0.0.1:$AMQP_PORT/'
+		export IDEMQ_REDIS_URL='redis://127.0.0.1:$REDIS_PORT/0'
+		export IDEMQ_POSTGRES_URL='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
+		export IDEMQ_MYSQL_URL='idemq:idemq@tcp(127.0.0.1:$MYSQL_PORT)/'
+		export IDEMQ_RABBITMQ_NODE='$RABBIT_NODE'
 	EOF
 }
 
