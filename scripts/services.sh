@@ -54,8 +54,8 @@ svc_dir() {
 		key="$(printf '%s' "$ROOT" | md5sum | cut -c1-8)"
 		dir="/var/tmp/idemq-data-$key/$name"
 		mkdir -p "$dir"
-		chown -R "$user:" "$(dirname "$dir")" "$dir"
 		chmod 755 "$(dirname "$dir")"
+		chown -R "$user:" "$dir"
 	fi
 	printf '%s\n' "$dir"
 }
