@@ -36,5 +36,11 @@ test-unit:
 demo: services ## publish with duplicates, consume, show what happened
 	$(ENV) && $(GO) run ./examples/quickstart
 
+BENCH_N ?= 100000
+BENCH_COUNT ?= 3
 bench: services ## consume throughput against raw amqp091-go; writes docs/BENCHMARKS.md
-	$(ENV) && $(GO) run ./internal/benchrun -out docs/BENCHMARKS.md
+	$(ENV) && cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCH_N)x -count=$(BENCH_COUNT) -timeout 90m . | tee ../docs/bench-raw.txt
+	$(ENV) && cd bench && $(GO) run ./report -in ../docs/bench-raw.txt -out ../docs/BENCHMARKS.md -cmd "make bench BENCH_N=$(BENCH_N) BENCH_COUNT=$(BENCH_COUNT)"
+
+bench-smoke: services ## the benchmark harness on tiny counts, so it cannot rot
+	$(ENV) && cd bench && $(GO) test -race -count=1 -run '^$$' -bench . -benchtime=200x -timeout 10m .

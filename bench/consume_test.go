@@ -22,11 +22,14 @@ func consumeCase(b *testing.B, name string, run func(b *testing.B, queue string,
 		queue := freshQueue(b, fmt.Sprintf("idemq.bench.%s", name))
 		fill(b, queue, b.N, name, 0)
 		b.ResetTimer()
+		cpu0 := cpuSeconds()
 		start := time.Now()
 		run(b, queue, b.N)
 		el := time.Since(start)
+		cpu := cpuSeconds() - cpu0
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
+		b.ReportMetric(cpu/float64(b.N)*10000, "cpu-s/10k")
 	})
 }
 

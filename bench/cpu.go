@@ -1,0 +1,14 @@
+package bench
+
+import "syscall"
+
+// cpuSeconds is the user+system CPU time of this process so far: the
+// consumer runs in the benchmark process, the broker does not.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	tv := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+	return tv(ru.Utime) + tv(ru.Stime)
+}
