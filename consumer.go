@@ -350,9 +350,21 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 		c.log.Error("idemq: handler panicked", "message_id", j.del.MessageID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 	}
 	var re *RequeueError
-	if errors.As(err, &re) && ctx.Err() == nil {
-		rq.later(tag, re.After)
-		c.log.Debug("idemq: delivery requeued for later", "message_id", j.del.MessageID, "after", re.After, "reason", re.Reason)
+	if errors.As(err, &re) {
+		after := re.After
+		if ctx.Err() != nil {
+			after = 0 // shutting down: give it back at once
+		}
+		rq.later(tag, after)
+		c.log.Debug("idemq: delivery requeued for later", "message_id", j.del.MessageID, "after", after, "reason", re.Reason)
+		return
+	}
+	if ctx.Err() != nil {
+		// The handler was cut short by shutdown or a lost channel: it did
+		// not fail on its own, so give the delivery back rather than
+		// dead-letter it.
+		c.rec.Add(CountRequeued, 1)
+		_ = ack.Nack(tag, true)
 		return
 	}
 	// No failure policy took the error: reject without requeue (it is
