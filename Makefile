@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down test test-unit test-faults demo bench vet fmt chaos
+.PHONY: services env status down test test-unit demo chaos quickstart bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -29,11 +29,21 @@ fmt:
 test: services vet ## start services, run every test with the race detector
 	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags faults -p 1 -run '^TestFault' ./...
+	$(ENV) && cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -run '^$$' -bench . -benchtime=200x -timeout 10m .
 
 test-unit:
 	$(GO) test -race -count=1 ./internal/...
 
-demo: services ## publish with duplicates, consume, show what happened
+DEMO_ARGS ?=
+demo: services ## the bank demo: none, dedup and inbox under kill -9, resends and connection cuts
+	$(GO) build -o bin/bank ./examples/bank
+	$(ENV) && bin/bank demo $(DEMO_ARGS)
+
+chaos: services ## the long fault run: more messages, kills and cuts
+	$(GO) build -o bin/bank ./examples/bank
+	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --crash-rate 0.002 --timeout 10m $(DEMO_ARGS)
+
+quickstart: services
 	$(ENV) && $(GO) run ./examples/quickstart
 
 BENCH_N ?= 100000

@@ -246,7 +246,9 @@ func TestPanicIsAFailedHandler(t *testing.T) {
 			}
 			return nil
 		}))
-	testenv.Eventually(t, 20*time.Second, "all handled", func() bool { return c.Counters().Get(idemq.CountAcked) == 8 && c.Counters().Get(idemq.CountRejected) == 2 })
+	testenv.Eventually(t, 20*time.Second, "all handled", func() bool {
+		return c.Counters().Get(idemq.CountAcked) == 8 && c.Counters().Get(idemq.CountRejected) == 2
+	})
 	testenv.Eventually(t, 10*time.Second, "two dead letters", func() bool { r, _ := testenv.QueueCounts(t, dlq); return r == 2 })
 	if got := c.Counters().Get(idemq.CountPanics); got != 1 {
 		t.Fatalf("panics = %d, want 1", got)

@@ -2,8 +2,8 @@ package dedup
 
 import (
 	"container/list"
-	"errors"
 	"context"
+	"errors"
 	"sync"
 	"time"
 )

@@ -1,17 +1,192 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisstore"
 )
 
+const keysLong = `Looks up or deletes the dedup record of a message ID in the Redis dedup
+store. The record's key is "<prefix>:<group>:<id>", exactly as the dedup guard
+builds it (dedup.Key). Forgetting a "done" record lets an operator re-run a
+message on purpose: the next delivery of that ID is processed again.
+
+The Redis URL is --redis-url, else IDEMQ_REDIS_URL, else redis://127.0.0.1:6379/0.`
+
+type keysFlags struct {
+	redisURL       string
+	group          string
+	prefix         string
+	redisKeyPrefix string
+}
+
 func newKeysCmd() *cobra.Command {
-	return &cobra.Command{
+	var f keysFlags
+	cmd := &cobra.Command{
 		Use:   "keys",
-		Short: "keys (not implemented yet)",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("keys: not implemented yet")
-		},
+		Short: "Inspect and forget dedup records",
+		Long:  keysLong,
 	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.redisURL, "redis-url", "", "Redis URL (default $"+envRedisURL+")")
+	pf.StringVarP(&f.group, "group", "g", "", "consumer group (required; the consumer's Group, default its queue)")
+	pf.StringVar(&f.prefix, "prefix", "idemq", "key prefix of the dedup guard (dedup.Config.Prefix)")
+	pf.StringVar(&f.redisKeyPrefix, "redis-key-prefix", "", "Redis key prefix of the store (redisstore.Config.KeyPrefix)")
+	cmd.AddCommand(newKeysGetCmd(&f), newKeysForgetCmd(&f))
+	return cmd
+}
+
+// openInspector returns the dedup store the keys commands work on. It is
+// the one place that knows the backend (Redis today).
+func openInspector(f *keysFlags) (dedup.Inspector, func(), error) {
+	u := redisURL(f.redisURL)
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(u), err)
+	}
+	client := redis.NewClient(opt)
+	return redisstore.New(client, redisstore.Config{KeyPrefix: f.redisKeyPrefix}), func() { client.Close() }, nil
+}
+
+func (f *keysFlags) key(id string) (string, error) {
+	if f.group == "" {
+		return "", errors.New("--group is required")
+	}
+	k := dedup.Key(f.prefix, f.group, id)
+	if err := dedup.ValidateKey(k); err != nil {
+		return "", err
+	}
+	return k, nil
+}
+
+// keyView is a dedup record as the commands print it.
+type keyView struct {
+	Key       string `json:"key"`
+	Found     bool   `json:"found"`
+	State     string `json:"state,omitempty"`
+	Owner     string `json:"owner,omitempty"`
+	ExpiresAt string `json:"expires_at,omitempty"`
+	TTL       string `json:"ttl,omitempty"`
+	Forgotten bool   `json:"forgotten,omitempty"`
+}
+
+func viewOf(key string, rec dedup.Record, ok bool, now time.Time) keyView {
+	v := keyView{Key: key, Found: ok}
+	if !ok {
+		return v
+	}
+	v.State, v.Owner = string(rec.State), rec.Owner
+	if !rec.ExpiresAt.IsZero() {
+		v.ExpiresAt = rec.ExpiresAt.UTC().Format(time.RFC3339)
+		v.TTL = rec.ExpiresAt.Sub(now).Round(time.Second).String()
+	}
+	return v
+}
+
+func printKey(cio *cmdIO, v keyView) {
+	if !v.Found {
+		cio.printf("%s: not found (never seen, expired or forgotten)\n", v.Key)
+		return
+	}
+	cio.printf("%s: %s", v.Key, v.State)
+	if v.Owner != "" {
+		cio.printf(", owner %s", v.Owner)
+	}
+	if v.ExpiresAt != "" {
+		cio.printf(", expires %s (in %s)", v.ExpiresAt, v.TTL)
+	}
+	cio.printf("\n")
+}
+
+func newKeysGetCmd(f *keysFlags) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show the dedup record of a message ID",
+		Long:  keysLong,
+		Args:  cobra.ExactArgs(1),
+		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
+			cio, err := newIO(cmd, output)
+			if err != nil {
+				return err
+			}
+			key, err := f.key(args[0])
+			if err != nil {
+				return err
+			}
+			ins, closeFn, err := openInspector(f)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			rec, ok, err := ins.Get(ctx, key)
+			if err != nil {
+				return err
+			}
+			v := viewOf(key, rec, ok, time.Now())
+			if cio.json {
+				return cio.printJSON(v)
+			}
+			printKey(cio, v)
+			return nil
+		}),
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func newKeysForgetCmd(f *keysFlags) *cobra.Command {
+	var output string
+	cmd := &cobra.Command{
+		Use:   "forget ID",
+		Short: "Delete the dedup record of a message ID so it can be processed again",
+		Long:  keysLong,
+		Args:  cobra.ExactArgs(1),
+		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
+			cio, err := newIO(cmd, output)
+			if err != nil {
+				return err
+			}
+			key, err := f.key(args[0])
+			if err != nil {
+				return err
+			}
+			ins, closeFn, err := openInspector(f)
+			if err != nil {
+				return err
+			}
+			defer closeFn()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			rec, ok, err := ins.Get(ctx, key)
+			if err != nil {
+				return err
+			}
+			if err := ins.Forget(ctx, key); err != nil {
+				return err
+			}
+			v := viewOf(key, rec, ok, time.Now())
+			v.Forgotten = true
+			if cio.json {
+				return cio.printJSON(v)
+			}
+			if ok {
+				cio.printf("forgot %s (was %s)\n", key, rec.State)
+			} else {
+				cio.printf("forgot %s (there was no record)\n", key)
+			}
+			return nil
+		}),
+	}
+	addOutputFlag(cmd, &output)
+	return cmd
 }

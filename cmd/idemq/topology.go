@@ -2,16 +2,144 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+
+	"github.com/idemq/idemq/topology"
 )
 
 func newTopologyCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "topology",
-		Short: "topology (not implemented yet)",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("topology: not implemented yet")
-		},
+		Short: "Declare exchanges, queues, dead-letter and retry queues",
 	}
+	cmd.AddCommand(newTopologyApplyCmd())
+	return cmd
+}
+
+// appliedObject is one line of `topology apply` output.
+type appliedObject struct {
+	Kind string `json:"kind"` // exchange, queue, dlq, retry, binding
+	Name string `json:"name"`
+	Info string `json:"info,omitempty"`
+}
+
+func newTopologyApplyCmd() *cobra.Command {
+	var file, urlFlag, output string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "apply -f FILE",
+		Short: "Declare a YAML topology (idempotent)",
+		Long: `Declares every exchange, work queue (with its dead-letter queue and retry
+queues, named and configured exactly as the retry package expects) and
+binding of a YAML file. Declaring again changes nothing. If an object already
+exists with other arguments the broker answers PRECONDITION_FAILED: the error
+names the object and the argument that differs; nothing after it is declared.
+
+The broker URL is --url, else IDEMQ_AMQP_URL, else the loopback default (guest on 127.0.0.1:5672).`,
+		Args: cobra.NoArgs,
+		RunE: wrapRunE(func(cmd *cobra.Command, _ []string) error {
+			cio, err := newIO(cmd, output)
+			if err != nil {
+				return err
+			}
+			if file == "" {
+				return errors.New("topology apply: -f FILE is required")
+			}
+			var top topology.Topology
+			if file == "-" {
+				top, err = topology.Load(cio.in)
+			} else {
+				top, err = topology.LoadFile(file)
+			}
+			if err != nil {
+				return err
+			}
+			objs := describeTopology(top)
+			if !dryRun {
+				u := amqpURL(urlFlag)
+				conn, err := amqp.Dial(u)
+				if err != nil {
+					return fmt.Errorf("connect to %s: %w", redactURL(u), err)
+				}
+				defer conn.Close()
+				ch, err := conn.Channel()
+				if err != nil {
+					return fmt.Errorf("open channel: %w", err)
+				}
+				if err := topology.Declare(cmd.Context(), ch, top); err != nil {
+					return err
+				}
+			}
+			if cio.json {
+				return cio.printJSON(map[string]any{"dry_run": dryRun, "objects": objs})
+			}
+			verb := "declared"
+			if dryRun {
+				verb = "would declare"
+			}
+			for _, o := range objs {
+				if o.Info != "" {
+					cio.printf("%s %-8s %s (%s)\n", verb, o.Kind, o.Name, o.Info)
+				} else {
+					cio.printf("%s %-8s %s\n", verb, o.Kind, o.Name)
+				}
+			}
+			return nil
+		}),
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "YAML topology file (- for stdin)")
+	cmd.Flags().StringVar(&urlFlag, "url", "", "broker URL (default $"+envAMQPURL+")")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be declared, declare nothing")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func describeTopology(t topology.Topology) []appliedObject {
+	var out []appliedObject
+	for _, e := range t.Exchanges {
+		typ := e.Type
+		if typ == "" {
+			typ = amqp.ExchangeDirect
+		}
+		out = append(out, appliedObject{Kind: "exchange", Name: e.Name, Info: typ})
+	}
+	for _, q := range t.Queues {
+		p := topology.ForQueue(q)
+		if p.DLQ != "" {
+			out = append(out, appliedObject{Kind: "dlq", Name: p.DLQ, Info: "classic"})
+		}
+		for _, r := range p.Retries {
+			out = append(out, appliedObject{Kind: "retry", Name: r.Name, Info: "ttl " + r.Delay.String() + " -> " + p.Queue})
+		}
+		info := string(p.Type)
+		if p.DeliveryLimit > 0 {
+			info += fmt.Sprintf(", delivery-limit %d", p.DeliveryLimit)
+		}
+		if p.DLQ != "" {
+			info += ", dead letters -> " + p.DLQ
+		}
+		if len(p.Delays) > 0 {
+			info += ", retries " + durations(p.Delays)
+		}
+		out = append(out, appliedObject{Kind: "queue", Name: p.Queue, Info: info})
+	}
+	for _, b := range t.Bindings {
+		out = append(out, appliedObject{Kind: "binding", Name: b.Exchange + " -> " + b.Queue, Info: "routing key " + fmt.Sprintf("%q", b.RoutingKey)})
+	}
+	return out
+}
+
+func durations(ds []time.Duration) string {
+	s := ""
+	for i, d := range ds {
+		if i > 0 {
+			s += " "
+		}
+		s += d.String()
+	}
+	return s
 }

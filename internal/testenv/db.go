@@ -206,4 +206,3 @@ func Env(extra ...string) []string {
 	)
 	return append(env, extra...)
 }
-

@@ -6,6 +6,7 @@
 package tools
 
 import (
+	_ "github.com/bits-and-blooms/bloom/v3"
 	_ "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/pgconn"
@@ -14,11 +15,10 @@ import (
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "github.com/prometheus/client_golang/prometheus/promhttp"
 	_ "github.com/redis/go-redis/v9"
-	_ "github.com/spf13/cobra"
-	_ "gopkg.in/yaml.v3"
-	_ "modernc.org/sqlite"
-	_ "github.com/bits-and-blooms/bloom/v3"
 	_ "github.com/schollz/progressbar/v3"
+	_ "github.com/spf13/cobra"
 	_ "go.opentelemetry.io/otel"
 	_ "go.opentelemetry.io/otel/trace"
+	_ "gopkg.in/yaml.v3"
+	_ "modernc.org/sqlite"
 )

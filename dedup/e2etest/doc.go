@@ -1,0 +1,4 @@
+// Package e2etest holds the dedup guard's end-to-end tests: real RabbitMQ,
+// the real consumer, the guard with the memory and the Redis stores, and a
+// consumer process killed with SIGKILL. It has no API; see its _test files.
+package e2etest

@@ -1,0 +1,289 @@
+package dedup
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq"
+)
+
+// Requeue reasons the guard gives the consumer (idemq.RequeueError.Reason).
+const (
+	RequeueInFlight         = "in-flight"
+	RequeueStoreUnavailable = "store-unavailable"
+)
+
+// ErrInFlight is the cause of the requeue the guard returns when another
+// consumer holds a live lease on the message.
+var ErrInFlight = errors.New("dedup: another consumer holds the lease")
+
+// Config configures [Guard]. The zero value is usable.
+type Config struct {
+	// Prefix namespaces the keys: "<Prefix>:<group>:<id>". Default "idemq".
+	Prefix string
+	// Lease is how long a claim holds the message while the handler runs;
+	// the heartbeat renews it, so it only bounds how long a dead consumer's
+	// message waits before another one may take it. Default 30s.
+	Lease time.Duration
+	// Window is how long a done record is remembered (duplicates within it
+	// are suppressed). Default 24h.
+	Window time.Duration
+	// Heartbeat is the interval of lease renewals while the handler runs.
+	// Default Lease/3.
+	Heartbeat time.Duration
+	// FailOpen runs the handler unguarded when the store cannot answer a
+	// claim (logged and counted as idemq.CountFailOpen). Default false:
+	// fail-closed — the handler is not run and the delivery is requeued
+	// after StoreRetryAfter.
+	FailOpen bool
+	// StoreRetryAfter is how long a delivery waits before it comes back
+	// when the store is unavailable (fail-closed). Default 1s.
+	StoreRetryAfter time.Duration
+	// InFlightRetryAfter, when set, is how long a delivery whose message
+	// another consumer holds waits before it comes back. Default: the
+	// lease time the other owner has left, or 1s when the store cannot
+	// tell.
+	InFlightRetryAfter time.Duration
+	// StoreTimeout bounds every store call. Default 5s.
+	StoreTimeout time.Duration
+	// ID says where the message ID comes from (see [IDConfig]).
+	ID IDConfig
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = "idemq"
+	}
+	if c.Lease <= 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.Window <= 0 {
+		c.Window = 24 * time.Hour
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = c.Lease / 3
+	}
+	if c.StoreRetryAfter <= 0 {
+		c.StoreRetryAfter = time.Second
+	}
+	if c.StoreTimeout <= 0 {
+		c.StoreTimeout = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Key returns the store key of a message ID in a consumer group:
+// "<prefix>:<group>:<id>". Stores take it as an opaque string; the Redis
+// store wraps it in a Cluster hash tag itself (see dedup/redisstore).
+func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + id }
+
+// Guard returns the dedup middleware: per delivery it claims the message ID
+// in store with a fresh owner token and
+//
+//   - Acquired: runs the next handler, renewing the lease every Heartbeat;
+//     on success it marks the record done (Complete) and returns nil (ack);
+//     on failure it releases the record (so a redelivery is processed) and
+//     returns the handler's error unchanged for the failure policy;
+//   - Done: returns nil without running the handler (a suppressed
+//     duplicate, counted);
+//   - InFlight: returns an idemq.RequeueError so the delivery comes back
+//     after the other owner's lease — it is never acked as a duplicate;
+//   - store error: fail-closed returns an idemq.RequeueError after
+//     StoreRetryAfter; FailOpen runs the handler without a record.
+//
+// A delivery without a valid ID gets an idemq.RejectError (missing-id or
+// invalid-id). The consumer group is the delivery's Group (its Queue when
+// empty). Counters go to idemq.RecorderFrom(ctx).
+//
+// Store calls stay outside any database transaction: put the guard outside
+// the inbox/transaction middleware, so the order is claim → begin → effect
+// → commit → complete → ack. Complete and Release run on a context that is
+// not cancelled with the handler's, bounded by StoreTimeout.
+func Guard(store Store, cfg Config) idemq.Middleware {
+	if store == nil {
+		panic("dedup.Guard: nil store")
+	}
+	g := &guard{store: store, cfg: cfg.withDefaults()}
+	return func(next idemq.Handler) idemq.Handler {
+		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+			return g.handle(ctx, d, next)
+		})
+	}
+}
+
+type guard struct {
+	store Store
+	cfg   Config
+}
+
+type idKey struct{}
+
+// MessageIDFrom returns the message ID the guard found for the delivery
+// being handled (the business key when an Extractor is configured).
+func MessageIDFrom(ctx context.Context) (string, bool) {
+	id, ok := ctx.Value(idKey{}).(string)
+	return id, ok
+}
+
+func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handler) error {
+	rec := idemq.RecorderFrom(ctx)
+	id, err := g.cfg.ID.MessageID(d)
+	if err != nil {
+		return err
+	}
+	ctx = context.WithValue(ctx, idKey{}, id)
+	group := d.Group
+	if group == "" {
+		group = d.Queue
+	}
+	key := Key(g.cfg.Prefix, group, id)
+	token := rand.Text()
+	log := g.cfg.Logger.With("key", key)
+
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
+	claim, err := g.store.Claim(cctx, key, token, g.cfg.Lease)
+	cancel()
+	if err != nil {
+		if errors.Is(err, ErrInvalidKey) {
+			return idemq.Reject(idemq.ReasonInvalidID, fmt.Errorf("dedup key for message %q: %w", id, err))
+		}
+		rec.Add(idemq.CountStoreErrors, 1)
+		if !g.cfg.FailOpen {
+			log.Warn("idemq: dedup store unavailable; delivery requeued (fail-closed)", "err", err, "after", g.cfg.StoreRetryAfter)
+			return idemq.Requeue(g.cfg.StoreRetryAfter, RequeueStoreUnavailable, err)
+		}
+		log.Warn("idemq: dedup store unavailable; running the handler unguarded (fail-open)", "err", err)
+		rec.Add(idemq.CountFailOpen, 1)
+		if err := next.Handle(ctx, d); err != nil {
+			return err
+		}
+		rec.Add(idemq.CountProcessed, 1)
+		return nil
+	}
+
+	switch claim.Result {
+	case Done:
+		rec.Add(idemq.CountDuplicates, 1)
+		log.Debug("idemq: duplicate suppressed")
+		return nil
+	case InFlight:
+		rec.Add(idemq.CountInFlight, 1)
+		after := g.cfg.InFlightRetryAfter
+		if after <= 0 {
+			after = claim.LeaseLeft
+		}
+		if after <= 0 {
+			after = time.Second
+		}
+		log.Debug("idemq: message in flight elsewhere; delivery deferred", "after", after)
+		return idemq.Requeue(after, RequeueInFlight, ErrInFlight)
+	case Acquired:
+	default:
+		rec.Add(idemq.CountStoreErrors, 1)
+		err := &StoreError{Op: "claim", Err: fmt.Errorf("unknown claim result %v", claim.Result)}
+		return idemq.Requeue(g.cfg.StoreRetryAfter, RequeueStoreUnavailable, err)
+	}
+
+	err = g.run(ctx, d, next, key, token, log)
+	if err != nil {
+		return err
+	}
+	rec.Add(idemq.CountProcessed, 1)
+	g.complete(ctx, rec, key, token, log)
+	return nil
+}
+
+// run runs the handler under a heartbeat and releases the record when the
+// handler fails or panics.
+func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, log *slog.Logger) (err error) {
+	stop := g.heartbeat(ctx, key, token, log)
+	ok := false
+	defer func() {
+		stop()
+		if !ok {
+			g.release(ctx, key, token, log)
+		}
+	}()
+	err = next.Handle(ctx, d)
+	ok = err == nil
+	return err
+}
+
+// storeCtx is a context for a store call that must happen even when the
+// handler's context has ended (Complete, Release, Extend).
+func (g *guard) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), g.cfg.StoreTimeout)
+}
+
+func (g *guard) heartbeat(ctx context.Context, key, token string, log *slog.Logger) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(g.cfg.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			sctx, cancel := g.storeCtx(ctx)
+			err := g.store.Extend(sctx, key, token, g.cfg.Lease)
+			cancel()
+			switch {
+			case err == nil:
+			case errors.Is(err, ErrLeaseLost):
+				log.Warn("idemq: dedup lease lost while the handler runs (it outlived its lease?)", "err", err)
+				return
+			default:
+				log.Warn("idemq: dedup lease renewal failed; retrying at the next heartbeat", "err", err)
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
+}
+
+func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log *slog.Logger) {
+	var err error
+	for attempt, pause := 0, 50*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*4 {
+		if attempt > 0 {
+			time.Sleep(pause)
+		}
+		sctx, cancel := g.storeCtx(ctx)
+		err = g.store.Complete(sctx, key, token, g.cfg.Window)
+		cancel()
+		if err == nil {
+			return
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			rec.Add(idemq.CountLeasesLost, 1)
+			log.Warn("idemq: dedup lease was lost before Complete: the effect was applied, a concurrent duplicate may have run", "err", err)
+			return
+		}
+	}
+	// The effect is applied: acking is right. Requeueing would run it again.
+	rec.Add(idemq.CountStoreErrors, 1)
+	log.Error("idemq: dedup Complete failed; the message is acked but not remembered, a later duplicate may run", "err", err)
+}
+
+func (g *guard) release(ctx context.Context, key, token string, log *slog.Logger) {
+	sctx, cancel := g.storeCtx(ctx)
+	err := g.store.Release(sctx, key, token)
+	cancel()
+	if err != nil {
+		// Best effort: the lease expires by itself.
+		log.Warn("idemq: dedup Release failed; a redelivery waits for the lease to expire", "err", err)
+	}
+}

@@ -1,0 +1,269 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// harness runs one guarded handler against a memory store, with counters.
+type harness struct {
+	store    *dedup.Memory
+	counters *idemq.Counters
+	ctx      context.Context
+	runs     int
+}
+
+func newHarness() *harness {
+	h := &harness{store: dedup.NewMemory(dedup.MemoryConfig{}), counters: &idemq.Counters{}}
+	h.ctx = idemq.WithRecorder(context.Background(), h.counters)
+	return h
+}
+
+func (h *harness) handler(cfg dedup.Config, fn func(ctx context.Context, d *idemq.Delivery) error) idemq.Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = quiet()
+	}
+	return idemq.Chain(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		h.runs++
+		if fn == nil {
+			return nil
+		}
+		return fn(ctx, d)
+	}), idemq.Recover(), dedup.Guard(h.store, cfg))
+}
+
+func delivery(id string) *idemq.Delivery {
+	return &idemq.Delivery{MessageID: id, Queue: "q", Group: "g"}
+}
+
+func (h *harness) record(t *testing.T, id string) (dedup.Record, bool) {
+	t.Helper()
+	rec, ok, err := h.store.Get(context.Background(), dedup.Key("idemq", "g", id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec, ok
+}
+
+func TestGuardSuccessCompletesAndSuppressesDuplicates(t *testing.T) {
+	h := newHarness()
+	g := h.handler(dedup.Config{}, nil)
+	for i := 0; i < 3; i++ {
+		if err := g.Handle(h.ctx, delivery("m1")); err != nil {
+			t.Fatalf("delivery %d: %v", i, err)
+		}
+	}
+	if h.runs != 1 {
+		t.Fatalf("handler ran %d times, want 1", h.runs)
+	}
+	if rec, ok := h.record(t, "m1"); !ok || rec.State != dedup.StateDone {
+		t.Fatalf("record %+v %v, want done", rec, ok)
+	}
+	if p, d := h.counters.Get(idemq.CountProcessed), h.counters.Get(idemq.CountDuplicates); p != 1 || d != 2 {
+		t.Fatalf("processed %d duplicates %d, want 1 and 2", p, d)
+	}
+	// Another consumer group processes the same message once too.
+	d := delivery("m1")
+	d.Group = "other"
+	if err := g.Handle(h.ctx, d); err != nil || h.runs != 2 {
+		t.Fatalf("other group: err %v runs %d", err, h.runs)
+	}
+}
+
+func TestGuardFailureReleasesAndReturnsTheError(t *testing.T) {
+	h := newHarness()
+	boom := errors.New("boom")
+	fail := true
+	g := h.handler(dedup.Config{}, func(context.Context, *idemq.Delivery) error {
+		if fail {
+			return boom
+		}
+		return nil
+	})
+	if err := g.Handle(h.ctx, delivery("m1")); err != boom {
+		t.Fatalf("err = %v, want the handler's error unchanged", err)
+	}
+	if _, ok := h.record(t, "m1"); ok {
+		t.Fatal("a record remains after a failed handler: the redelivery would be lost")
+	}
+	fail = false
+	if err := g.Handle(h.ctx, delivery("m1")); err != nil || h.runs != 2 {
+		t.Fatalf("redelivery: err %v runs %d, want processed", err, h.runs)
+	}
+	if h.counters.Get(idemq.CountProcessed) != 1 {
+		t.Fatalf("processed = %d", h.counters.Get(idemq.CountProcessed))
+	}
+}
+
+func TestGuardPanicReleases(t *testing.T) {
+	h := newHarness()
+	g := h.handler(dedup.Config{}, func(context.Context, *idemq.Delivery) error { panic("oops") })
+	var pe *idemq.PanicError
+	if err := g.Handle(h.ctx, delivery("m1")); !errors.As(err, &pe) {
+		t.Fatalf("err = %v, want a PanicError", err)
+	}
+	if _, ok := h.record(t, "m1"); ok {
+		t.Fatal("a record remains after a panic")
+	}
+}
+
+func TestGuardInFlightIsRequeuedNeverAcked(t *testing.T) {
+	h := newHarness()
+	key := dedup.Key("idemq", "g", "m1")
+	if _, err := h.store.Claim(context.Background(), key, "someone-else", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		cfg  dedup.Config
+		min  time.Duration
+		max  time.Duration
+	}{
+		{"lease left", dedup.Config{}, 50 * time.Second, time.Minute},
+		{"configured", dedup.Config{InFlightRetryAfter: 200 * time.Millisecond}, 200 * time.Millisecond, 200 * time.Millisecond},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := h.handler(c.cfg, nil).Handle(h.ctx, delivery("m1"))
+			var re *idemq.RequeueError
+			if !errors.As(err, &re) || re.Reason != dedup.RequeueInFlight || !errors.Is(err, dedup.ErrInFlight) {
+				t.Fatalf("err = %v, want an in-flight RequeueError", err)
+			}
+			if re.After < c.min || re.After > c.max {
+				t.Fatalf("After = %v, want within [%v, %v]", re.After, c.min, c.max)
+			}
+		})
+	}
+	if h.runs != 0 {
+		t.Fatalf("handler ran %d times", h.runs)
+	}
+	if n := h.counters.Get(idemq.CountInFlight); n != 2 {
+		t.Fatalf("in-flight deferrals = %d, want 2", n)
+	}
+}
+
+func TestGuardStoreUnavailable(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fail-closed", true: "fail-open"}[failOpen], func(t *testing.T) {
+			h := newHarness()
+			_ = h.store.Close()
+			err := h.handler(dedup.Config{FailOpen: failOpen, StoreRetryAfter: 3 * time.Second}, nil).Handle(h.ctx, delivery("m1"))
+			if h.counters.Get(idemq.CountStoreErrors) != 1 {
+				t.Fatalf("store errors = %d", h.counters.Get(idemq.CountStoreErrors))
+			}
+			if failOpen {
+				if err != nil || h.runs != 1 || h.counters.Get(idemq.CountFailOpen) != 1 {
+					t.Fatalf("fail-open: err %v runs %d fail_open %d", err, h.runs, h.counters.Get(idemq.CountFailOpen))
+				}
+				return
+			}
+			var re *idemq.RequeueError
+			var se *dedup.StoreError
+			if !errors.As(err, &re) || re.After != 3*time.Second || re.Reason != dedup.RequeueStoreUnavailable || !errors.As(err, &se) {
+				t.Fatalf("err = %v, want a store-unavailable RequeueError after 3s", err)
+			}
+			if h.runs != 0 {
+				t.Fatal("fail-closed ran the handler")
+			}
+		})
+	}
+}
+
+func TestGuardRejectsMissingAndInvalidIDs(t *testing.T) {
+	h := newHarness()
+	g := h.handler(dedup.Config{}, nil)
+	for id, reason := range map[string]string{"": idemq.ReasonMissingID, "a\tb": idemq.ReasonInvalidID} {
+		err := g.Handle(h.ctx, delivery(id))
+		if reasonOf(err) != reason || !idemq.IsPermanent(err) {
+			t.Fatalf("ID %q: err %v, want a rejection %s", id, err, reason)
+		}
+	}
+	if h.runs != 0 {
+		t.Fatal("handler ran without a valid ID")
+	}
+}
+
+// The heartbeat keeps the lease alive while a handler runs far past it.
+func TestGuardHeartbeatExtendsTheLease(t *testing.T) {
+	h := newHarness()
+	const lease = 300 * time.Millisecond
+	key := dedup.Key("idemq", "g", "slow")
+	g := h.handler(dedup.Config{Lease: lease}, func(ctx context.Context, d *idemq.Delivery) error {
+		start := time.Now()
+		for time.Since(start) < 4*lease {
+			c, err := h.store.Claim(context.Background(), key, "intruder", time.Minute)
+			if err != nil || c.Result != dedup.InFlight {
+				return errors.New("the lease was not kept alive: " + c.Result.String())
+			}
+			time.Sleep(lease / 10) // the handler's "work"
+		}
+		return nil
+	})
+	if err := g.Handle(h.ctx, delivery("slow")); err != nil {
+		t.Fatal(err)
+	}
+	if h.counters.Get(idemq.CountLeasesLost) != 0 {
+		t.Fatal("lease lost")
+	}
+	if rec, ok := h.record(t, "slow"); !ok || rec.State != dedup.StateDone {
+		t.Fatalf("record %+v %v, want done", rec, ok)
+	}
+}
+
+// A lease lost while the handler ran is counted and logged; the delivery is
+// still acked (the effect was applied).
+func TestGuardLeaseLostIsCounted(t *testing.T) {
+	h := newHarness()
+	key := dedup.Key("idemq", "g", "m1")
+	g := h.handler(dedup.Config{}, func(ctx context.Context, d *idemq.Delivery) error {
+		// An operator forgets the record and another consumer claims it.
+		_ = h.store.Forget(context.Background(), key)
+		_, err := h.store.Claim(context.Background(), key, "thief", time.Minute)
+		return err
+	})
+	if err := g.Handle(h.ctx, delivery("m1")); err != nil {
+		t.Fatalf("err = %v, want nil (ack)", err)
+	}
+	if n := h.counters.Get(idemq.CountLeasesLost); n != 1 {
+		t.Fatalf("leases lost = %d, want 1", n)
+	}
+}
+
+// Complete happens even when the handler's context ended meanwhile.
+func TestGuardCompletesAfterTheHandlerContextEnds(t *testing.T) {
+	h := newHarness()
+	ctx, cancel := context.WithCancel(h.ctx)
+	g := h.handler(dedup.Config{}, func(context.Context, *idemq.Delivery) error { cancel(); return nil })
+	if err := g.Handle(ctx, delivery("m1")); err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok := h.record(t, "m1"); !ok || rec.State != dedup.StateDone {
+		t.Fatalf("record %+v %v, want done", rec, ok)
+	}
+}
+
+func TestGuardKeyNamespacing(t *testing.T) {
+	h := newHarness()
+	g := h.handler(dedup.Config{Prefix: "svc", ID: dedup.IDConfig{Extractor: dedup.FromJSONField("order")}}, func(ctx context.Context, d *idemq.Delivery) error {
+		if id, _ := dedup.MessageIDFrom(ctx); id != "o-1" {
+			t.Errorf("MessageIDFrom = %q, want o-1", id)
+		}
+		return nil
+	})
+	d := &idemq.Delivery{Queue: "orders", Body: []byte(`{"order":"o-1"}`)} // no Group: the queue is the group
+	if err := g.Handle(h.ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := h.store.Get(context.Background(), "svc:orders:o-1"); !ok {
+		t.Fatal(`no record at "svc:orders:o-1"`)
+	}
+}

@@ -1,0 +1,231 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/dedup"
+)
+
+// Config configures a [Store]. The zero value is usable.
+type Config struct {
+	// KeyPrefix is prepended to every Redis key, outside the hash tag
+	// (e.g. "myapp:" to share a Redis with other data). Default "".
+	KeyPrefix string
+	// AutoPipeline sends the store's commands through go-redis'
+	// autopipeliner (client.AutoPipeline(), experimental in go-redis): calls
+	// made concurrently by the consumer's workers share one pipelined round
+	// trip instead of one each. Every call is still its own atomic script on
+	// its own key, so batching changes nothing in the semantics. Ignored
+	// (plain calls) for clients that do not support it (Ring). The
+	// autopipeliner is released when the client is closed. Default false.
+	AutoPipeline bool
+}
+
+// Store is a Redis dedup store. It does not own the client: close the
+// client yourself.
+type Store struct {
+	client redis.UniversalClient
+	cfg    Config
+}
+
+var (
+	_ dedup.Store     = (*Store)(nil)
+	_ dedup.Inspector = (*Store)(nil)
+)
+
+// New returns a store on client.
+func New(client redis.UniversalClient, cfg Config) *Store {
+	if cfg.AutoPipeline {
+		if ap, err := client.AutoPipeline(); err == nil {
+			client = ap
+		}
+	}
+	return &Store{client: client, cfg: cfg}
+}
+
+// RedisKey is the Redis key that holds the record of a guard key.
+func (s *Store) RedisKey(key string) string { return s.cfg.KeyPrefix + "{" + key + "}" }
+
+// Values: "p:<token>" = processing, owned by token; "d" = done.
+// Claim returns {1, 0} acquired, {2, pttl} in flight, {3, 0} done.
+var claimScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+local mine = 'p:' .. ARGV[1]
+if not v or v == mine then
+  redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
+  return {1, 0}
+end
+if v == 'd' then
+  return {3, 0}
+end
+return {2, redis.call('PTTL', KEYS[1])}
+`)
+
+// Complete returns 1 when processing(token) became done, 0 otherwise; an
+// absent record (the lease expired, nobody took it) is still marked done.
+var completeScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == 'p:' .. ARGV[1] then
+  redis.call('SET', KEYS[1], 'd', 'PX', ARGV[2])
+  return 1
+end
+if not v then
+  redis.call('SET', KEYS[1], 'd', 'PX', ARGV[2])
+end
+return 0
+`)
+
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+var extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`)
+
+var getScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {}
+end
+return {v, redis.call('PTTL', KEYS[1])}
+`)
+
+// ms converts a duration to whole milliseconds for PX, at least 1.
+func ms(d time.Duration) int64 {
+	n := (d + time.Millisecond - 1) / time.Millisecond
+	if n < 1 {
+		n = 1
+	}
+	return int64(n)
+}
+
+func storeErr(op string, err error) error { return &dedup.StoreError{Op: op, Err: err} }
+
+func (s *Store) prepare(ctx context.Context, op, key string) error {
+	if err := dedup.ValidateKey(key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return storeErr(op, err)
+	}
+	return nil
+}
+
+// Claim implements [dedup.Store].
+func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
+	if err := s.prepare(ctx, "claim", key); err != nil {
+		return dedup.Claim{}, err
+	}
+	vals, err := claimScript.Run(ctx, s.client, []string{s.RedisKey(key)}, token, ms(lease)).Int64Slice()
+	if err != nil {
+		return dedup.Claim{}, storeErr("claim", err)
+	}
+	return claimResult(vals)
+}
+
+func claimResult(vals []int64) (dedup.Claim, error) {
+	if len(vals) != 2 {
+		return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
+	}
+	switch vals[0] {
+	case 1:
+		return dedup.Claim{Result: dedup.Acquired}, nil
+	case 2:
+		left := time.Duration(vals[1]) * time.Millisecond
+		if left < 0 { // -1 no expiry (never written by us), -2 vanished
+			left = 0
+		}
+		return dedup.Claim{Result: dedup.InFlight, LeaseLeft: left}, nil
+	case 3:
+		return dedup.Claim{Result: dedup.Done}, nil
+	}
+	return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
+}
+
+// cas runs a compare-and-set script that returns 1 on success.
+func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key, token string, d time.Duration) error {
+	if err := s.prepare(ctx, op, key); err != nil {
+		return err
+	}
+	args := []any{token}
+	if d != 0 {
+		args = append(args, ms(d))
+	}
+	n, err := script.Run(ctx, s.client, []string{s.RedisKey(key)}, args...).Int64()
+	if err != nil {
+		return storeErr(op, err)
+	}
+	if n != 1 {
+		return dedup.ErrLeaseLost
+	}
+	return nil
+}
+
+// Complete implements [dedup.Store].
+func (s *Store) Complete(ctx context.Context, key, token string, window time.Duration) error {
+	return s.cas(ctx, "complete", completeScript, key, token, max(window, time.Millisecond))
+}
+
+// Release implements [dedup.Store].
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	return s.cas(ctx, "release", releaseScript, key, token, 0)
+}
+
+// Extend implements [dedup.Store].
+func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
+	return s.cas(ctx, "extend", extendScript, key, token, max(lease, time.Millisecond))
+}
+
+// Get implements [dedup.Inspector].
+func (s *Store) Get(ctx context.Context, key string) (dedup.Record, bool, error) {
+	if err := s.prepare(ctx, "get", key); err != nil {
+		return dedup.Record{}, false, err
+	}
+	now := time.Now()
+	vals, err := getScript.Run(ctx, s.client, []string{s.RedisKey(key)}).Slice()
+	if err != nil {
+		return dedup.Record{}, false, storeErr("get", err)
+	}
+	if len(vals) == 0 {
+		return dedup.Record{}, false, nil
+	}
+	v, _ := vals[0].(string)
+	pttl, _ := vals[1].(int64)
+	rec := dedup.Record{Key: key}
+	if pttl > 0 {
+		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
+	}
+	switch {
+	case v == "d":
+		rec.State = dedup.StateDone
+	case strings.HasPrefix(v, "p:"):
+		rec.State = dedup.StateProcessing
+		rec.Owner = strings.TrimPrefix(v, "p:")
+	default:
+		return dedup.Record{}, false, storeErr("get", fmt.Errorf("key %q holds %q, not a dedup record", s.RedisKey(key), v))
+	}
+	return rec, true, nil
+}
+
+// Forget implements [dedup.Inspector].
+func (s *Store) Forget(ctx context.Context, key string) error {
+	if err := s.prepare(ctx, "forget", key); err != nil {
+		return err
+	}
+	if err := s.client.Del(ctx, s.RedisKey(key)).Err(); err != nil {
+		return storeErr("forget", err)
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/dedup/storetest"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+func TestConformance(t *testing.T) {
+	for _, auto := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "autopipeline"}[auto], func(t *testing.T) {
+			storetest.Run(t, storetest.Suite{
+				New: func(t *testing.T) dedup.Store {
+					c, prefix := testenv.Redis(t)
+					return redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
+				},
+				Broken: func(t *testing.T) dedup.Store {
+					// A client pointed at a port nobody listens on.
+					c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), MaxRetries: -1, DialTimeout: time.Second})
+					t.Cleanup(func() { c.Close() })
+					return redisstore.New(c, redisstore.Config{AutoPipeline: auto})
+				},
+			})
+		})
+	}
+}
+
+func TestClosedClientIsAStoreError(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	opt := c.(*redis.Client).Options()
+	closed := redis.NewClient(opt)
+	closed.Close()
+	st := redisstore.New(closed, redisstore.Config{KeyPrefix: prefix + ":"})
+	_, err := st.Claim(context.Background(), "k", "t", time.Minute)
+	var se *dedup.StoreError
+	if !errors.As(err, &se) {
+		t.Fatalf("Claim on a closed client: %v, want a *dedup.StoreError", err)
+	}
+}
+
+// The record layout is what the package doc says, hash tag included, and
+// the Inspector reads it back.
+func TestKeyLayoutAndInspector(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	st := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+	ctx := context.Background()
+	key := dedup.Key("idemq", "billing", "order-42")
+	rk := prefix + ":{idemq:billing:order-42}"
+	if got := st.RedisKey(key); got != rk {
+		t.Fatalf("RedisKey = %q, want %q", got, rk)
+	}
+	if _, err := st.Claim(ctx, key, "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Get(ctx, rk).Val(); v != "p:tok" {
+		t.Fatalf("processing value %q, want p:tok", v)
+	}
+	rec, ok, err := st.Get(ctx, key)
+	if err != nil || !ok || rec.State != dedup.StateProcessing || rec.Owner != "tok" {
+		t.Fatalf("Get = %+v %v %v", rec, ok, err)
+	}
+	if d := time.Until(rec.ExpiresAt); d <= 0 || d > time.Minute {
+		t.Fatalf("lease expires in %v", d)
+	}
+	if err := st.Complete(ctx, key, "tok", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Get(ctx, rk).Val(); v != "d" {
+		t.Fatalf("done value %q, want d", v)
+	}
+	if ttl := c.PTTL(ctx, rk).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
+		t.Fatalf("done TTL %v, want about the 1h window", ttl)
+	}
+	rec, ok, err = st.Get(ctx, key)
+	if err != nil || !ok || rec.State != dedup.StateDone {
+		t.Fatalf("Get after complete = %+v %v %v", rec, ok, err)
+	}
+	if err := st.Forget(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := st.Get(ctx, key); ok {
+		t.Fatal("record still there after Forget")
+	}
+	// A foreign value under the key is reported, not taken for a record.
+	c.Set(ctx, rk, "something else", time.Minute)
+	if _, _, err := st.Get(ctx, key); err == nil {
+		t.Fatal("Get of a foreign value: no error")
+	}
+}
+
+// Claims keep working after the script cache is flushed (EVALSHA falls
+// back to EVAL on NOSCRIPT). On a private server: the shared one's script
+// cache belongs to everyone.
+func TestScriptCacheFlush(t *testing.T) {
+	r := testenv.StartPrivateRedis(t, false)
+	c := r.Client()
+	defer c.Close()
+	st := redisstore.New(c, redisstore.Config{})
+	ctx := context.Background()
+	if cl, err := st.Claim(ctx, "warm", "t", time.Minute); err != nil || cl.Result != dedup.Acquired {
+		t.Fatalf("Claim = %v, %v", cl.Result, err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cl, err := st.Claim(ctx, "k", "t", time.Minute); err != nil || cl.Result != dedup.Acquired {
+		t.Fatalf("Claim after SCRIPT FLUSH = %v, %v", cl.Result, err)
+	}
+}

@@ -1,0 +1,67 @@
+// Package retry is idemq's failure policy: a middleware that decides what
+// happens to a delivery whose handler failed, without ever looping it through
+// nack(requeue=true).
+//
+//	nil                          → nil (the consumer acks)
+//	idemq.Permanent / Reject     → dead-letter queue with the error's reason
+//	                               (permanent, missing-id, invalid-id,
+//	                               unparseable, …), then nil
+//	*idemq.RequeueError          → republished to the smallest retry queue
+//	                               whose delay is >= After, the attempt count
+//	                               unchanged, then nil (see below)
+//	any other error (transient)  → QuickAttempts in-process tries with a short
+//	                               backoff; then republished to the retry
+//	                               queue of this attempt (header
+//	                               x-idemq-attempt = next attempt), then nil;
+//	                               after MaxAttempts → dead-letter queue with
+//	                               reason max-attempts
+//	x-delivery-count >= DeliveryLimit (quorum queues; the broker counts
+//	redeliveries after crashes and requeues)
+//	                             → dead-letter queue with reason
+//	                               delivery-limit, before the handler runs
+//
+// Order: every republish waits for the broker's confirm (idemq.Publisher)
+// BEFORE the middleware returns nil and the consumer acks the original. A
+// crash in between duplicates a retry or a dead letter (same message ID: the
+// dedup guard sees one message); it never loses one. When the republish
+// fails the middleware returns idemq.Requeue(PublishRetryAfter,
+// "retry-publish-failed", err): the consumer does not ack, it puts the
+// delivery back after the delay and the decision is taken again. One
+// exception: when the retry queue itself does not exist (the broker returns
+// the message as unroutable — Delays and the declared topology disagree),
+// waiting cannot help, so the delivery is dead-lettered with reason
+// handler-error instead of looping.
+//
+// Decisions rest on two counters only: x-idemq-attempt, which the policy
+// rewrites on every hop (a missing or garbage value counts as attempt 1, so
+// it can reset the count at most once), and the broker's own
+// x-delivery-count. The broker's x-death header is parsed defensively
+// ([ParseXDeath]) for diagnostics and for the CLI (why and from where the
+// broker dead-lettered a message); its counts are never used to decide.
+//
+// Retry queues are per-delay queues "<queue>.retry.<ms>" with x-message-ttl
+// and a dead-letter route back to the work queue; the dead-letter queue is
+// "<queue>.dlq". The names and arguments come from the topology package
+// ([topology.ForQueue]); use [ForTopology] to configure the policy from the
+// same declaration that creates the queues.
+//
+// A RequeueError (the dedup guard: another consumer holds the lease, or the
+// store is unavailable) is republished to a retry queue rather than held and
+// nacked, so the consumer's prefetch is not filled with parked deliveries;
+// it carries x-idemq-requeues (how many times) but does not count as an
+// attempt. With no Publisher or no retry queue it is returned unchanged and
+// the consumer requeues it after After.
+//
+// Without a Publisher the policy degrades: transient errors are still tried
+// QuickAttempts times, then every error is returned to the consumer, which
+// nacks without requeue — the work queue's dead-letter arguments (topology)
+// route it to the dead-letter queue, where the broker's x-death header says
+// why.
+//
+// The message ID, body, content type and headers are kept on every
+// republish; the per-message expiration is dropped (it would fire inside a
+// retry queue) and the broker's x-delivery-count header is removed. A
+// delivery whose ID is missing or invalid cannot be published under its own
+// ID: its dead letter gets a fresh ID and the original, if any, in
+// x-idemq-original-message-id.
+package retry

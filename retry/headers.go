@@ -1,0 +1,202 @@
+package retry
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Header names the policy reads and writes.
+const (
+	HeaderAttempt            = "x-idemq-attempt"  // on a retry: the attempt this delivery is (1-based)
+	HeaderAttempts           = "x-idemq-attempts" // on a dead letter: attempts made
+	HeaderRequeues           = "x-idemq-requeues" // times sent back without an attempt (RequeueError)
+	HeaderReason             = "x-idemq-reason"
+	HeaderError              = "x-idemq-error"
+	HeaderErrorClass         = "x-idemq-error-class" // ReasonOf the last error (handler-error, panic, …)
+	HeaderFirstFailure       = "x-idemq-first-failure"
+	HeaderLastFailure        = "x-idemq-last-failure"
+	HeaderOriginalExchange   = "x-idemq-original-exchange"
+	HeaderOriginalRoutingKey = "x-idemq-original-routing-key"
+	HeaderOriginalMessageID  = "x-idemq-original-message-id"
+	HeaderGroup              = "x-idemq-group"
+	HeaderQueue              = "x-idemq-queue"
+	HeaderDeadLetteredAt     = "x-idemq-dead-lettered-at"
+	HeaderReplayedAt         = "x-idemq-replayed-at"
+
+	HeaderDeliveryCount = "x-delivery-count" // set by quorum queues
+	HeaderDeath         = "x-death"          // set by the broker when it dead-letters
+)
+
+// TimeFormat is the format of the x-idemq-*-failure headers.
+const TimeFormat = time.RFC3339Nano
+
+// maxCount bounds every count read from a header, so a forged header cannot
+// overflow arithmetic.
+const maxCount = math.MaxInt32
+
+// Death is one entry of the broker's x-death header.
+type Death struct {
+	Queue       string    `json:"queue"`
+	Reason      string    `json:"reason"` // rejected, expired, maxlen, delivery_limit
+	Count       int64     `json:"count"`  // clamped to [0, MaxInt32]
+	Exchange    string    `json:"exchange"`
+	RoutingKeys []string  `json:"routing_keys,omitempty"`
+	Time        time.Time `json:"time"` // zero when absent or malformed
+}
+
+// ParseXDeath reads an x-death header value defensively: it never panics,
+// skips entries that are not tables, ignores fields of the wrong type and
+// clamps counts. A nil or non-array value yields nil.
+func ParseXDeath(v any) []Death {
+	arr, ok := v.([]any)
+	if !ok {
+		return nil
+	}
+	out := make([]Death, 0, len(arr))
+	for _, e := range arr {
+		t, ok := asTable(e)
+		if !ok {
+			continue
+		}
+		d := Death{
+			Queue:    str(t["queue"]),
+			Reason:   str(t["reason"]),
+			Exchange: str(t["exchange"]),
+		}
+		if n, ok := Int(t["count"]); ok {
+			d.Count = n
+		}
+		if ts, ok := t["time"].(time.Time); ok {
+			d.Time = ts
+		}
+		if rks, ok := t["routing-keys"].([]any); ok {
+			for _, rk := range rks {
+				if s, ok := strOK(rk); ok {
+					d.RoutingKeys = append(d.RoutingKeys, s)
+				}
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func asTable(v any) (map[string]any, bool) {
+	switch t := v.(type) {
+	case amqp.Table:
+		return t, true
+	case map[string]any:
+		return t, true
+	}
+	return nil, false
+}
+
+func strOK(v any) (string, bool) {
+	switch s := v.(type) {
+	case string:
+		return strings.ToValidUTF8(s, "\uFFFD"), true
+	case []byte:
+		return strings.ToValidUTF8(string(s), "\uFFFD"), true
+	}
+	return "", false
+}
+
+func str(v any) string { s, _ := strOK(v); return s }
+
+// Int reads an integer header value of any AMQP numeric type, or a decimal
+// string, clamped to [0, MaxInt32]. ok is false for anything else.
+func Int(v any) (int64, bool) {
+	var n int64
+	switch x := v.(type) {
+	case int:
+		n = int64(x)
+	case int8:
+		n = int64(x)
+	case int16:
+		n = int64(x)
+	case int32:
+		n = int64(x)
+	case int64:
+		n = x
+	case uint8:
+		n = int64(x)
+	case uint16:
+		n = int64(x)
+	case uint32:
+		n = int64(x)
+	case uint64:
+		if x > maxCount {
+			return maxCount, true
+		}
+		n = int64(x)
+	case float32:
+		return floatCount(float64(x))
+	case float64:
+		return floatCount(x)
+	case string, []byte:
+		s, _ := strOK(x)
+		p, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		n = p
+	default:
+		return 0, false
+	}
+	if n < 0 {
+		n = 0
+	}
+	if n > maxCount {
+		n = maxCount
+	}
+	return n, true
+}
+
+func floatCount(f float64) (int64, bool) {
+	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
+		return 0, false
+	}
+	if f < 0 {
+		return 0, true
+	}
+	if f > maxCount {
+		return maxCount, true
+	}
+	return int64(f), true
+}
+
+// Attempt returns the attempt number a delivery carries in x-idemq-attempt:
+// 1 when absent, malformed or below 1 (the policy always rewrites it, so a
+// bad value can reset the count at most once — never loop forever).
+func Attempt(h amqp.Table) int {
+	n, ok := Int(h[HeaderAttempt])
+	if !ok || n < 1 {
+		return 1
+	}
+	return int(n)
+}
+
+// DeliveryCount returns the quorum queue's x-delivery-count (ok=false when
+// absent or malformed).
+func DeliveryCount(h amqp.Table) (int64, bool) {
+	return Int(h[HeaderDeliveryCount])
+}
+
+// Truncate bounds s to at most limit bytes without splitting a UTF-8
+// sequence, replacing invalid bytes. limit <= 0 means no bound.
+func Truncate(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if limit <= 0 || len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}

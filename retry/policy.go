@@ -1,0 +1,356 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/topology"
+)
+
+// Config configures [Policy]. The zero value is usable (but without a
+// Publisher it can neither delay nor dead-letter; see the package doc).
+type Config struct {
+	// Publisher republishes to retry queues and the dead-letter queue, with
+	// confirms. Required for delayed retries and dead letters.
+	Publisher *idemq.Publisher
+	// QuickAttempts is how many times the handler runs in process for one
+	// delivery before a delayed retry (1 = no quick retry). Default 3.
+	QuickAttempts int
+	// QuickBackoff between quick attempts. Default 10ms doubling to 200ms,
+	// with jitter; the wait ends early when the context is done.
+	QuickBackoff backoff.Policy
+	// Delays are the delayed retries in attempt order: after attempt n fails
+	// the delivery waits Delays[n-1] (the last one repeats). Default
+	// [topology.DefaultRetryDelays]. Each needs a retry queue
+	// ([topology.RetryQueueName]); [ForTopology] keeps them in step.
+	Delays []time.Duration
+	// MaxAttempts is the number of attempts (deliveries that ran the
+	// handler) before the dead-letter queue. Default len(Delays)+1.
+	MaxAttempts int
+	// DeliveryLimit dead-letters (reason delivery-limit) a delivery whose
+	// x-delivery-count is >= DeliveryLimit, before running the handler.
+	// 0 disables the check. [ForTopology] sets it to the quorum queue's
+	// x-delivery-limit, so the policy acts one delivery before the broker
+	// would drop the message without idemq's headers.
+	DeliveryLimit int
+	// DeadLetterQueue names the dead-letter queue of a work queue.
+	// Default [topology.DLQName] ("<queue>.dlq").
+	DeadLetterQueue func(queue string) string
+	// RetryQueue names the delay queue of a work queue for one delay.
+	// Default [topology.RetryQueueName] ("<queue>.retry.<ms>").
+	RetryQueue func(queue string, delay time.Duration) string
+	// ErrorTextLimit bounds x-idemq-error in bytes. Default 1024.
+	ErrorTextLimit int
+	// PublishTimeout bounds one republish (with its confirm). Default 30s.
+	PublishTimeout time.Duration
+	// PublishRetryAfter is the After of the Requeue returned when a
+	// republish fails. Default 1s.
+	PublishRetryAfter time.Duration
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock (tests). Default time.Now.
+	Now func() time.Time
+}
+
+// ForTopology returns cfg with Delays, DeadLetterQueue and DeliveryLimit
+// taken from q's plan (the same one [topology.Declare] declares), unless cfg
+// sets them already. MaxAttempts is left to its default (len(Delays)+1)
+// unless set.
+func ForTopology(q topology.Queue, cfg Config) Config {
+	p := topology.ForQueue(q)
+	if cfg.Delays == nil {
+		cfg.Delays = p.Delays
+		if cfg.Delays == nil {
+			cfg.Delays = []time.Duration{} // NoRetry: no delayed retries
+		}
+	}
+	if cfg.DeadLetterQueue == nil && p.DLQ != "" {
+		dlq := p.DLQ
+		cfg.DeadLetterQueue = func(string) string { return dlq }
+	}
+	if cfg.DeliveryLimit == 0 {
+		cfg.DeliveryLimit = p.DeliveryLimit
+	}
+	return cfg
+}
+
+func (c *Config) defaults() {
+	if c.QuickAttempts <= 0 {
+		c.QuickAttempts = 3
+	}
+	if c.QuickBackoff.Min <= 0 {
+		c.QuickBackoff.Min = 10 * time.Millisecond
+	}
+	if c.QuickBackoff.Max <= 0 {
+		c.QuickBackoff.Max = 200 * time.Millisecond
+	}
+	if c.Delays == nil {
+		c.Delays = topology.DefaultRetryDelays
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = len(c.Delays) + 1
+	}
+	if c.DeadLetterQueue == nil {
+		c.DeadLetterQueue = topology.DLQName
+	}
+	if c.RetryQueue == nil {
+		c.RetryQueue = topology.RetryQueueName
+	}
+	if c.ErrorTextLimit <= 0 {
+		c.ErrorTextLimit = 1024
+	}
+	if c.PublishTimeout <= 0 {
+		c.PublishTimeout = 30 * time.Second
+	}
+	if c.PublishRetryAfter <= 0 {
+		c.PublishRetryAfter = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Policy returns the failure-policy middleware. Install it outside the
+// dedup guard and the inbox (so their Requeue and Reject errors reach it).
+func Policy(cfg Config) idemq.Middleware {
+	cfg.defaults()
+	return func(next idemq.Handler) idemq.Handler {
+		return &policy{cfg: cfg, next: next}
+	}
+}
+
+type policy struct {
+	cfg  Config
+	next idemq.Handler
+}
+
+func (p *policy) run(ctx context.Context, d *idemq.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &idemq.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return p.next.Handle(ctx, d)
+}
+
+func (p *policy) Handle(ctx context.Context, d *idemq.Delivery) error {
+	if p.cfg.DeliveryLimit > 0 {
+		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(p.cfg.DeliveryLimit) {
+			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, p.cfg.DeliveryLimit)
+			return p.deadLetter(ctx, d, idemq.ReasonDeliveryLimit, cause, Attempt(d.Headers))
+		}
+	}
+	var err error
+	for i := 0; i < p.cfg.QuickAttempts; i++ {
+		if i > 0 {
+			if backoff.Sleep(ctx, p.cfg.QuickBackoff.Delay(i-1)) != nil {
+				break
+			}
+		}
+		err = p.run(ctx, d)
+		if err == nil {
+			return nil
+		}
+		var rq *idemq.RequeueError
+		if idemq.IsPermanent(err) || errors.As(err, &rq) || ctx.Err() != nil {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		// Shutting down or the channel is gone: no decision now. The
+		// delivery is not acked, the broker gives it back.
+		return idemq.Requeue(0, "shutdown", err)
+	}
+	var rq *idemq.RequeueError
+	switch {
+	case idemq.IsPermanent(err):
+		return p.deadLetter(ctx, d, idemq.ReasonOf(err), err, Attempt(d.Headers))
+	case errors.As(err, &rq):
+		return p.requeue(ctx, d, rq, err)
+	}
+	attempt := Attempt(d.Headers)
+	if attempt >= p.cfg.MaxAttempts || len(p.cfg.Delays) == 0 {
+		return p.deadLetter(ctx, d, idemq.ReasonMaxAttempts, err, attempt)
+	}
+	return p.retry(ctx, d, err, attempt)
+}
+
+func (p *policy) delay(attempt int) time.Duration {
+	i := attempt - 1
+	if i >= len(p.cfg.Delays) {
+		i = len(p.cfg.Delays) - 1
+	}
+	if i < 0 {
+		i = 0
+	}
+	return p.cfg.Delays[i]
+}
+
+// retry republishes to the retry queue of attempt and returns nil once
+// confirmed.
+func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, attempt int) error {
+	if p.cfg.Publisher == nil {
+		return cause
+	}
+	now := p.cfg.Now()
+	delay := p.delay(attempt)
+	h := p.failureHeaders(d, cause, now)
+	h[HeaderAttempt] = int64(attempt + 1)
+	q := p.cfg.RetryQueue(d.Queue, delay)
+	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
+		if errors.Is(err, idemq.ErrUnroutable) {
+			// The retry queue does not exist (Delays and the declared
+			// topology disagree): waiting would not help, and requeueing
+			// would loop. Dead-letter it with the reason handler-error.
+			p.cfg.Logger.Error("idemq/retry: retry queue missing; dead-lettering instead (declare it with topology.Declare)",
+				"message_id", d.MessageID, "retry_queue", q, "err", err)
+			return p.deadLetter(ctx, d, idemq.ReasonHandlerError,
+				fmt.Errorf("%w (not retried: retry queue %q is missing)", cause, q), attempt)
+		}
+		p.cfg.Logger.Error("idemq/retry: cannot republish to the retry queue; the delivery comes back later",
+			"message_id", d.MessageID, "retry_queue", q, "err", err)
+		return idemq.Requeue(p.cfg.PublishRetryAfter, "retry-publish-failed", err)
+	}
+	idemq.RecorderFrom(ctx).Add(idemq.CountRetried, 1)
+	p.cfg.Logger.Info("idemq/retry: delivery failed; retrying later",
+		"message_id", d.MessageID, "queue", d.Queue, "attempt", attempt, "next_attempt", attempt+1,
+		"delay", delay, "err", Truncate(cause.Error(), p.cfg.ErrorTextLimit))
+	return nil
+}
+
+func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.RequeueError, cause error) error {
+	if p.cfg.Publisher == nil || len(p.cfg.Delays) == 0 {
+		return cause
+	}
+	delay := p.cfg.Delays[len(p.cfg.Delays)-1]
+	found := false
+	for _, dl := range p.cfg.Delays {
+		if dl >= rq.After && (!found || dl < delay) {
+			delay, found = dl, true
+		}
+	}
+	h := copyHeaders(d.Headers)
+	setOriginal(h, d)
+	n, _ := Int(h[HeaderRequeues])
+	h[HeaderRequeues] = n + 1
+	q := p.cfg.RetryQueue(d.Queue, delay)
+	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
+		p.cfg.Logger.Warn("idemq/retry: cannot republish a requeued delivery; the consumer requeues it",
+			"message_id", d.MessageID, "retry_queue", q, "err", err)
+		return cause
+	}
+	idemq.RecorderFrom(ctx).Add(idemq.CountRetried, 1)
+	p.cfg.Logger.Debug("idemq/retry: delivery sent back for later (not an attempt)",
+		"message_id", d.MessageID, "reason", rq.Reason, "delay", delay)
+	return nil
+}
+
+func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason string, cause error, attempts int) error {
+	if p.cfg.Publisher == nil {
+		return idemq.Reject(reason, cause)
+	}
+	now := p.cfg.Now()
+	h := p.failureHeaders(d, cause, now)
+	delete(h, HeaderAttempt)
+	h[HeaderReason] = reason
+	h[HeaderAttempts] = int64(attempts)
+	h[HeaderDeadLetteredAt] = now.UTC().Format(TimeFormat)
+	q := p.cfg.DeadLetterQueue(d.Queue)
+	msg := republish(d, "", q, h)
+	if idemq.ValidateID(msg.ID) != nil {
+		if d.MessageID != "" {
+			h[HeaderOriginalMessageID] = Truncate(d.MessageID, 4096)
+		}
+		msg.ID = idemq.NewMessageID()
+	}
+	if err := p.publish(ctx, msg); err != nil {
+		p.cfg.Logger.Error("idemq/retry: cannot publish the dead letter; the delivery comes back later",
+			"message_id", d.MessageID, "dlq", q, "reason", reason, "err", err)
+		return idemq.Requeue(p.cfg.PublishRetryAfter, "retry-publish-failed", err)
+	}
+	idemq.RecorderFrom(ctx).Add(idemq.CountDeadLettered, 1)
+	p.cfg.Logger.Warn("idemq/retry: delivery dead-lettered",
+		"message_id", d.MessageID, "queue", d.Queue, "dlq", q, "reason", reason, "attempts", attempts,
+		"err", Truncate(errText(cause), p.cfg.ErrorTextLimit))
+	return nil
+}
+
+func (p *policy) publish(ctx context.Context, m idemq.Message) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)
+	defer cancel()
+	return p.cfg.Publisher.Publish(ctx, m)
+}
+
+func (p *policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) amqp.Table {
+	h := copyHeaders(d.Headers)
+	setOriginal(h, d)
+	ts := now.UTC().Format(TimeFormat)
+	if _, ok := strOK(h[HeaderFirstFailure]); !ok {
+		h[HeaderFirstFailure] = ts
+	}
+	h[HeaderLastFailure] = ts
+	h[HeaderError] = Truncate(errText(cause), p.cfg.ErrorTextLimit)
+	h[HeaderErrorClass] = idemq.ReasonOf(cause)
+	if d.Group != "" {
+		h[HeaderGroup] = d.Group
+	}
+	h[HeaderQueue] = d.Queue
+	return h
+}
+
+// setOriginal records where the message was first published, once.
+func setOriginal(h amqp.Table, d *idemq.Delivery) {
+	if _, ok := strOK(h[HeaderOriginalExchange]); !ok {
+		h[HeaderOriginalExchange] = d.Exchange
+		h[HeaderOriginalRoutingKey] = d.RoutingKey
+	}
+	if _, ok := strOK(h[HeaderOriginalRoutingKey]); !ok {
+		h[HeaderOriginalRoutingKey] = d.RoutingKey
+	}
+}
+
+func copyHeaders(src amqp.Table) amqp.Table {
+	h := amqp.Table{}
+	for k, v := range src {
+		h[k] = v
+	}
+	delete(h, HeaderDeliveryCount)
+	return h
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// republish builds the message that carries d to exchange/key with headers h.
+func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Message {
+	return idemq.Message{
+		ID:              d.MessageID,
+		Exchange:        exchange,
+		RoutingKey:      key,
+		Body:            d.Body,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Headers:         h,
+		CorrelationID:   d.CorrelationID,
+		ReplyTo:         d.ReplyTo,
+		Type:            d.Type,
+		AppID:           d.AppID,
+		Priority:        d.Priority,
+		Timestamp:       d.Timestamp,
+	}
+}

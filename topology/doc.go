@@ -1,0 +1,32 @@
+// Package topology declares what idemq needs on the broker — exchanges, work
+// queues, their dead-letter queue and their retry (delay) queues, bindings —
+// from Go structs or a YAML file, idempotently.
+//
+// It is the one source of truth for the names and arguments of the failure
+// flow: [ForQueue] computes them, [Declare] declares them and the retry
+// package publishes to them. For a work queue "orders":
+//
+//	orders                 the work queue (classic or quorum);
+//	                       x-dead-letter-exchange "" and
+//	                       x-dead-letter-routing-key "orders.dlq", so anything
+//	                       the broker itself rejects or drops (a nack without
+//	                       requeue, the quorum x-delivery-limit) still lands
+//	                       in the dead-letter queue; quorum queues get
+//	                       x-delivery-limit as a backstop against loops.
+//	orders.dlq             the dead-letter queue: a durable classic queue (so
+//	                       reading it non-destructively never bumps a
+//	                       delivery count).
+//	orders.retry.<ms>      one durable classic delay queue per retry delay:
+//	                       x-message-ttl <ms>, x-dead-letter-exchange "" and
+//	                       x-dead-letter-routing-key "orders". A message
+//	                       published there sits for <ms> and is then
+//	                       dead-lettered by the broker back to the work queue
+//	                       — delayed retries without any plugin. Every
+//	                       message in one delay queue has the same TTL, so
+//	                       expiry at the head of the queue is exact.
+//
+// A PRECONDITION_FAILED (406) from the broker because a queue already exists
+// with other arguments becomes a [*MismatchError] naming the queue and the
+// arguments that were asked for. The broker closes the channel on a 406;
+// [Declare] stops at the first error and the caller must open a new channel.
+package topology

@@ -1,0 +1,212 @@
+package topology_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/topology"
+)
+
+func TestForQueue(t *testing.T) {
+	p := topology.ForQueue(topology.Queue{Name: "orders", Type: topology.Quorum,
+		RetryDelays: []time.Duration{time.Second, 100 * time.Millisecond, time.Second}})
+	if p.DLQ != "orders.dlq" || p.DeliveryLimit != topology.DefaultDeliveryLimit {
+		t.Fatalf("plan %+v", p)
+	}
+	if p.Args[topology.ArgDLRoutingKey] != "orders.dlq" || p.Args[topology.ArgDeliveryLimit] != int64(20) || p.Args[topology.ArgQueueType] != "quorum" {
+		t.Fatalf("work args %v", p.Args)
+	}
+	if len(p.Delays) != 3 || len(p.Retries) != 2 || p.Retries[0].Name != "orders.retry.100" || p.Retries[1].Name != "orders.retry.1000" {
+		t.Fatalf("retries %+v", p.Retries)
+	}
+	if p.Retries[0].Args[topology.ArgMessageTTL] != int64(100) || p.Retries[0].Args[topology.ArgDLRoutingKey] != "orders" {
+		t.Fatalf("retry args %v", p.Retries[0].Args)
+	}
+	for _, tt := range []struct {
+		d    time.Duration
+		want string
+	}{{0, "orders.retry.100"}, {100 * time.Millisecond, "orders.retry.100"}, {101 * time.Millisecond, "orders.retry.1000"}, {time.Hour, "orders.retry.1000"}} {
+		if r, ok := p.RetryFor(tt.d); !ok || r.Name != tt.want {
+			t.Errorf("RetryFor(%v) = %s, want %s", tt.d, r.Name, tt.want)
+		}
+	}
+	c := topology.ForQueue(topology.Queue{Name: "c", DLQ: "-", NoRetry: true})
+	if c.DLQ != "" || len(c.Retries) != 0 || c.Args[topology.ArgDLX] != nil || c.DeliveryLimit != 0 {
+		t.Fatalf("classic plan %+v", c)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	good := `
+exchanges:
+  - name: shop
+    type: topic
+queues:
+  - name: orders
+    type: quorum
+    delivery_limit: 5
+    retry_delays: [100ms, 2s]
+    args:
+      x-max-length: 1000
+bindings:
+  - exchange: shop
+    queue: orders
+    routing_key: order.*
+`
+	top, err := topology.Load(strings.NewReader(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, ok := top.Queue("orders")
+	if !ok || q.Type != topology.Quorum || q.DeliveryLimit != 5 || len(q.RetryDelays) != 2 || q.RetryDelays[0] != 100*time.Millisecond {
+		t.Fatalf("queue %+v", q)
+	}
+	if p := topology.ForQueue(q); p.Args["x-max-length"] != int64(1000) {
+		t.Fatalf("args %v", p.Args)
+	}
+	bad := []struct{ name, yaml, want string }{
+		{"unknown field", "queues:\n  - name: a\n    tpye: quorum\n", "tpye"},
+		{"bad type", "queues:\n  - name: a\n    type: stream\n", "unknown type"},
+		{"no name", "queues:\n  - type: quorum\n", "name is required"},
+		{"bad delay", "queues:\n  - name: a\n    retry_delays: [-1s]\n", "positive"},
+		{"undeclared exchange", "bindings:\n  - exchange: nope\n    queue: a\n", "not declared"},
+		{"not yaml", "queues: [", "parse YAML"},
+	}
+	for _, tt := range bad {
+		if _, err := topology.Load(strings.NewReader(tt.yaml)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: err %v, want it to mention %q", tt.name, err, tt.want)
+		}
+	}
+}
+
+func cleanup(t *testing.T, top topology.Topology) {
+	t.Cleanup(func() {
+		var names []string
+		for _, q := range top.Queues {
+			p := topology.ForQueue(q)
+			names = append(names, p.Queue, p.DLQ)
+			for _, r := range p.Retries {
+				names = append(names, r.Name)
+			}
+		}
+		testenv.DeleteQueue(names...)
+		ch := testenv.Channel(t)
+		for _, e := range top.Exchanges {
+			_ = ch.ExchangeDelete(e.Name, false, false)
+		}
+	})
+}
+
+func TestDeclareIdempotentAndRoutes(t *testing.T) {
+	ex := testenv.Name(t, "x")
+	q := topology.Queue{Name: testenv.Name(t, "q"), Type: topology.Quorum, RetryDelays: []time.Duration{100 * time.Millisecond}}
+	top := topology.Topology{
+		Exchanges: []topology.Exchange{{Name: ex, Type: "topic"}},
+		Queues:    []topology.Queue{q},
+		Bindings:  []topology.Binding{{Exchange: ex, Queue: q.Name, RoutingKey: "order.*"}},
+	}
+	cleanup(t, top)
+	for i := 0; i < 2; i++ {
+		if err := topology.Declare(context.Background(), testenv.Channel(t), top); err != nil {
+			t.Fatalf("declare %d: %v", i+1, err)
+		}
+	}
+	// A message in the retry queue comes back to the work queue after its TTL.
+	testenv.Publish(t, "", topology.RetryQueueName(q.Name, 100*time.Millisecond), amqp.Publishing{MessageId: "m1"})
+	testenv.Publish(t, ex, "order.created", amqp.Publishing{MessageId: "m2"})
+	var got []amqp.Delivery
+	testenv.Eventually(t, 30*time.Second, "both messages in the work queue", func() bool {
+		got = append(got, testenv.Drain(t, q.Name)...)
+		return len(got) == 2
+	})
+	// A nack without requeue lands in the DLQ.
+	testenv.Publish(t, "", q.Name, amqp.Publishing{MessageId: "m3"})
+	ch := testenv.Channel(t)
+	testenv.Eventually(t, 30*time.Second, "m3", func() bool {
+		d, ok, err := ch.Get(q.Name, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			_ = d.Nack(false, false)
+		}
+		return ok
+	})
+	testenv.Eventually(t, 30*time.Second, "m3 in the DLQ", func() bool { n, _ := testenv.QueueCounts(t, topology.DLQName(q.Name)); return n == 1 })
+}
+
+func TestDeclareMismatchNamesQueueAndArgument(t *testing.T) {
+	name := testenv.Name(t, "q")
+	first := topology.Topology{Queues: []topology.Queue{{Name: name, Type: topology.Quorum, DeliveryLimit: 5, NoRetry: true}}}
+	cleanup(t, first)
+	if err := topology.Declare(context.Background(), testenv.Channel(t), first); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		q    topology.Queue
+		arg  string
+	}{
+		{"delivery limit", topology.Queue{Name: name, Type: topology.Quorum, DeliveryLimit: 7, NoRetry: true}, topology.ArgDeliveryLimit},
+		{"queue type", topology.Queue{Name: name, Type: topology.Classic, NoRetry: true}, topology.ArgQueueType},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := topology.Declare(context.Background(), testenv.Channel(t), topology.Topology{Queues: []topology.Queue{tt.q}})
+			var me *topology.MismatchError
+			if !errors.As(err, &me) || !errors.Is(err, topology.ErrMismatch) {
+				t.Fatalf("err %v, want a MismatchError", err)
+			}
+			if me.Name != name || me.Argument != tt.arg {
+				t.Fatalf("mismatch names %q / %q, want %q / %q: %v", me.Name, me.Argument, name, tt.arg, err)
+			}
+			if !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), tt.arg) {
+				t.Fatalf("message does not name the queue and argument: %v", err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// The quorum x-delivery-limit is a backstop even without the retry policy:
+// past it the broker dead-letters the message to the DLQ.
+func TestQuorumDeliveryLimitBackstop(t *testing.T) {
+	q := topology.Queue{Name: testenv.Name(t, "q"), Type: topology.Quorum, DeliveryLimit: 1, NoRetry: true}
+	top := topology.Topology{Queues: []topology.Queue{q}}
+	cleanup(t, top)
+	if err := topology.Declare(context.Background(), testenv.Channel(t), top); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Publish(t, "", q.Name, amqp.Publishing{MessageId: "loop-1"})
+	ch := testenv.Channel(t)
+	dlq := topology.DLQName(q.Name)
+	returns := 0
+	testenv.Eventually(t, 30*time.Second, "the broker dead-letters the looping message", func() bool {
+		if n, _ := testenv.QueueCounts(t, dlq); n == 1 {
+			return true
+		}
+		d, ok, err := ch.Get(q.Name, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			returns++
+			_ = d.Nack(false, true)
+		}
+		return false
+	})
+	got := testenv.Drain(t, dlq)
+	if len(got) != 1 || got[0].MessageId != "loop-1" {
+		t.Fatalf("DLQ %v", got)
+	}
+	t.Logf("dead-lettered by the broker after %d returns; x-death %v", returns, got[0].Headers["x-death"])
+	if returns > 3 {
+		t.Fatalf("%d returns with x-delivery-limit 1", returns)
+	}
+}
