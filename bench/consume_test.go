@@ -71,8 +71,13 @@ func rawConsume(b *testing.B, queue string, n, every int) {
 	}
 }
 
-// idemqConsume runs an idemq consumer until n deliveries are acked.
+// idemqConsume runs an idemq consumer (4 workers) until n deliveries are acked.
 func idemqConsume(b *testing.B, queue string, n int, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
+	return idemqConsumeWorkers(b, queue, n, 4, h, mws...)
+}
+
+// idemqConsumeWorkers runs an idemq consumer until n deliveries are acked.
+func idemqConsumeWorkers(b *testing.B, queue string, n, workers int, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
 	var rec idemq.Counters
 	var acked atomic.Int64
 	done := make(chan struct{})
@@ -86,7 +91,7 @@ func idemqConsume(b *testing.B, queue string, n int, h idemq.Handler, mws ...ide
 		})
 	})
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		Queue: queue, Prefetch: Prefetch, Workers: 4, Recorder: &rec,
+		Queue: queue, Prefetch: Prefetch, Workers: workers, Recorder: &rec,
 		Middleware: append([]idemq.Middleware{counting}, mws...),
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}, h)
