@@ -1,0 +1,112 @@
+package business
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// ErrNotFound: the row to transition does not exist.
+var ErrNotFound = errors.New("business: row not found")
+
+// TransitionError says a row is in neither the expected state nor the
+// target one: the transition is refused (a payOrder for a cancelled order).
+// It is a business outcome, not a transient failure: wrap it with
+// idemq.Permanent in a handler that should dead-letter it.
+type TransitionError struct {
+	Table   string
+	ID      any
+	From    string // the state the transition expected
+	To      string // the state it wanted
+	Current string // the state the row is in
+}
+
+func (e *TransitionError) Error() string {
+	return fmt.Sprintf("business: %s %v: cannot go from %q to %q: it is %q", e.Table, e.ID, e.From, e.To, e.Current)
+}
+
+// Machine transitions the state column of one table. Create it with
+// [NewMachine]; it is immutable and safe for concurrent use.
+type Machine struct {
+	d                   Dialect
+	table               string
+	update, selectState string
+}
+
+// NewMachine validates and quotes the identifiers: table ("name" or
+// "schema.name"), its key column and its state column.
+func NewMachine(d Dialect, table, idColumn, stateColumn string) (*Machine, error) {
+	if d < Postgres || d > SQLite {
+		return nil, fmt.Errorf("business: unknown dialect %v", d)
+	}
+	qt, err := d.Quote(table)
+	if err != nil {
+		return nil, err
+	}
+	qid, err := d.Quote(idColumn)
+	if err != nil || len(idColumn) == 0 || containsDot(idColumn) {
+		return nil, fmt.Errorf("%w: id column %q", ErrInvalidIdentifier, idColumn)
+	}
+	qs, err := d.Quote(stateColumn)
+	if err != nil || containsDot(stateColumn) {
+		return nil, fmt.Errorf("%w: state column %q", ErrInvalidIdentifier, stateColumn)
+	}
+	p := d.Placeholder
+	return &Machine{
+		d:           d,
+		table:       table,
+		update:      "UPDATE " + qt + " SET " + qs + " = " + p(1) + " WHERE " + qid + " = " + p(2) + " AND " + qs + " = " + p(3),
+		selectState: "SELECT " + qs + " FROM " + qt + " WHERE " + qid + " = " + p(1),
+	}, nil
+}
+
+func containsDot(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '.' {
+			return true
+		}
+	}
+	return false
+}
+
+// Transition sets the state of row id to `to` only if it is `from`
+// (UPDATE ... WHERE id = ? AND state = from). When no row changed it reads
+// the current state:
+//   - already `to`: nil — a redelivered message is an idempotent success;
+//   - any other state: a [*TransitionError] naming both states;
+//   - no such row: [ErrNotFound].
+//
+// Run it inside the inbox transaction so the state change and the inbox
+// row commit together. Under READ COMMITTED a concurrent transition of the
+// same row waits on its lock and then sees the committed state.
+func (m *Machine) Transition(ctx context.Context, e Execer, id any, from, to string) error {
+	n, err := e.Exec(ctx, m.update, to, id, from)
+	if err != nil {
+		return fmt.Errorf("business: transition %s %v %q→%q: %w", m.table, id, from, to, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	var current string
+	if err := e.QueryRow(ctx, m.selectState, id).Scan(&current); err != nil {
+		if errors.Is(err, ErrNoRows) {
+			return fmt.Errorf("%w: %s %v", ErrNotFound, m.table, id)
+		}
+		return fmt.Errorf("business: transition %s %v: read state: %w", m.table, id, err)
+	}
+	if current == to {
+		// Also covers from == to on MySQL, which counts an unchanged row
+		// as unaffected.
+		return nil
+	}
+	return &TransitionError{Table: m.table, ID: id, From: from, To: to, Current: current}
+}
+
+// Transition is the one-shot form of [Machine.Transition].
+func Transition(ctx context.Context, e Execer, d Dialect, table, idColumn string, id any, stateColumn, from, to string) error {
+	m, err := NewMachine(d, table, idColumn, stateColumn)
+	if err != nil {
+		return err
+	}
+	return m.Transition(ctx, e, id, from, to)
+}

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/inbox"
+	inboxpg "github.com/idemq/idemq/inbox/postgres"
+	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/topology"
+)
+
+// Crash hooks for the fault suite: IDEMQ_BANK_CRASH=<point>[,<point>…] and
+// IDEMQ_BANK_CRASH_RATE=<probability per delivery> make the process SIGKILL
+// itself at that point, so every window is hit on purpose, not by chance.
+const (
+	crashBeforeClaim = "before-claim" // delivery received, nothing done yet
+	crashInHandler   = "in-handler"   // effect written, transaction not committed
+	crashAfterCommit = "after-commit" // effect committed; dedup record not completed / not acked
+	crashBeforeAck   = "before-ack"   // everything done, the ack not sent
+)
+
+type consumeOpts struct {
+	amqpURL, pgURL, redisURL string
+	mode, queue, queueType   string
+	workers, prefetch        int
+	lease                    time.Duration
+	stats                    string
+	crash                    map[string]bool
+	crashRate                float64
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func consumeMain(args []string) error {
+	fs := flag.NewFlagSet("consume", flag.ContinueOnError)
+	var o consumeOpts
+	fs.StringVar(&o.amqpURL, "amqp", envOr("IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "AMQP URL")
+	fs.StringVar(&o.pgURL, "postgres", envOr("IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL")
+	fs.StringVar(&o.redisURL, "redis", envOr("IDEMQ_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL")
+	fs.StringVar(&o.mode, "mode", "inbox", "none | dedup | inbox")
+	fs.StringVar(&o.queue, "queue", "bank.transfers", "queue name")
+	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
+	fs.IntVar(&o.workers, "workers", 4, "handler goroutines")
+	fs.IntVar(&o.prefetch, "prefetch", 100, "prefetch (QoS)")
+	fs.DurationVar(&o.lease, "lease", 5*time.Second, "dedup lease (dedup mode)")
+	fs.StringVar(&o.stats, "stats", "", "write counters as JSON to this file every 25ms and at exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch o.mode {
+	case "none", "dedup", "inbox":
+	default:
+		return fmt.Errorf("--mode %q: want none, dedup or inbox", o.mode)
+	}
+	if o.queueType != "quorum" && o.queueType != "classic" {
+		return fmt.Errorf("--queue-type %q: want quorum or classic", o.queueType)
+	}
+	o.crash = map[string]bool{}
+	for _, p := range bytes.Split([]byte(os.Getenv("IDEMQ_BANK_CRASH")), []byte(",")) {
+		if len(p) > 0 {
+			o.crash[string(p)] = true
+		}
+	}
+	if r := os.Getenv("IDEMQ_BANK_CRASH_RATE"); r != "" {
+		v, err := strconv.ParseFloat(r, 64)
+		if err != nil {
+			return fmt.Errorf("IDEMQ_BANK_CRASH_RATE: %w", err)
+		}
+		o.crashRate = v
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return consume(ctx, o)
+}
+
+// Topology of the bank: the work queue, its dead-letter queue and two retry
+// delays. Shared by every `bank consume` and by the demo's publisher.
+func bankQueue(name, typ string) topology.Queue {
+	return topology.Queue{
+		Name:        name,
+		Type:        topology.QueueType(typ),
+		RetryDelays: []time.Duration{200 * time.Millisecond, time.Second},
+	}
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS bank_applied (message_id text NOT NULL, mode text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX IF NOT EXISTS bank_applied_message_id ON bank_applied (message_id);
+`
+
+func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	// Several consumers start at once: serialise the DDL.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(727274)"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, schema); err != nil {
+		return fmt.Errorf("create tables: %w", err)
+	}
+	return tx.Commit(ctx)
+}
+
+// transfer is the body of a message.
+type transfer struct {
+	Account string `json:"account"`
+	Amount  int64  `json:"amount"`
+}
+
+// parseTransfer is strict: a body that is not exactly that JSON, a missing
+// account or a non-integer amount is rejected (dead-lettered as unparseable).
+func parseTransfer(body []byte) (transfer, error) {
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&raw); err != nil {
+		return transfer{}, fmt.Errorf("body is not a JSON object: %w", err)
+	}
+	if dec.More() {
+		return transfer{}, errors.New("trailing data after the JSON object")
+	}
+	var t transfer
+	acc, ok := raw["account"]
+	if !ok {
+		return t, errors.New(`missing "account"`)
+	}
+	if err := json.Unmarshal(acc, &t.Account); err != nil || t.Account == "" {
+		return t, errors.New(`"account" must be a non-empty string`)
+	}
+	amt, ok := raw["amount"]
+	if !ok {
+		return t, errors.New(`missing "amount"`)
+	}
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(amt)), 10, 64)
+	if err != nil {
+		return t, fmt.Errorf(`"amount" must be an int64, got %s`, amt)
+	}
+	t.Amount = n
+	return t, nil
+}
+
+const applySQL = `INSERT INTO accounts (id, balance) VALUES ($1, $2)
+ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance`
+
+func consume(ctx context.Context, o consumeOpts) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pool, err := pgxpool.New(ctx, o.pgURL)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool); err != nil {
+		return err
+	}
+	q := bankQueue(o.queue, o.queueType)
+	topo := topology.Topology{Queues: []topology.Queue{q}}
+	setup := topology.SetupFunc(topo)
+	var counters idemq.Counters
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, Setup: setup, Logger: log, Recorder: &counters})
+	defer pub.Close()
+
+	crash := func(point string) {
+		if o.crash[point] && o.crashRate > 0 && rand.Float64() < o.crashRate {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never continue past a crash point
+		}
+	}
+	// effect applies a transfer in tx and records that it did (bank_applied
+	// is how the demo counts applications: it commits with the effect).
+	effect := func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
+		t, err := parseTransfer(d.Body)
+		if err != nil {
+			return idemq.Reject(idemq.ReasonUnparseable, err)
+		}
+		if _, err := tx.Exec(ctx, applySQL, t.Account, t.Amount); err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode) VALUES ($1, $2)`, d.MessageID, o.mode); err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		crash(crashInHandler)
+		return nil
+	}
+	// ownTx runs effect in a transaction of its own (modes none and dedup).
+	ownTx := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
+		if err != nil {
+			return err
+		}
+		crash(crashAfterCommit)
+		return nil
+	})
+
+	var handler idemq.Handler
+	mws := []idemq.Middleware{
+		retry.Policy(retry.ForTopology(q, retry.Config{Publisher: pub, Logger: log})),
+		hook(func() { crash(crashBeforeAck) }, nil),
+		hook(nil, func() { crash(crashBeforeClaim) }),
+		requireID(),
+	}
+	switch o.mode {
+	case "none":
+		handler = ownTx
+	case "dedup":
+		opt, err := redis.ParseURL(o.redisURL)
+		if err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
+		rc := redis.NewClient(opt)
+		defer rc.Close()
+		store := redisstore.New(rc, redisstore.Config{})
+		mws = append(mws, dedup.Guard(store, dedup.Config{Prefix: "bank", Lease: o.lease, Logger: log}))
+		handler = ownTx
+	case "inbox":
+		ib, err := inboxpg.New(ctx, pool, inbox.Config{Logger: log})
+		if err != nil {
+			return fmt.Errorf("inbox: %w", err)
+		}
+		mws = append(mws, hook(func() { crash(crashAfterCommit) }, nil))
+		handler = ib.Handler(effect)
+	}
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
+		URL: o.amqpURL, Queue: o.queue, Group: "bank", Prefetch: o.prefetch, Workers: o.workers,
+		Setup: setup, Middleware: mws, Recorder: &counters, Logger: log,
+		ShutdownTimeout: 10 * time.Second,
+	}, handler)
+	if err != nil {
+		return err
+	}
+	if o.stats != "" {
+		stopStats := writeStats(o.stats, &counters)
+		defer stopStats()
+	}
+	return c.Run(ctx)
+}
+
+// hook runs after() when the wrapped handler succeeded, before() before it.
+func hook(after, before func()) idemq.Middleware {
+	return func(next idemq.Handler) idemq.Handler {
+		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+			if before != nil {
+				before()
+			}
+			err := next.Handle(ctx, d)
+			if err == nil && after != nil {
+				after()
+			}
+			return err
+		})
+	}
+}
+
+// requireID rejects a delivery without a usable message_id in every mode
+// (in none mode nothing else would).
+func requireID() idemq.Middleware {
+	return func(next idemq.Handler) idemq.Handler {
+		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+			if err := idemq.ValidateID(d.MessageID); err != nil {
+				if errors.Is(err, idemq.ErrMissingMessageID) {
+					return idemq.Reject(idemq.ReasonMissingID, err)
+				}
+				return idemq.Reject(idemq.ReasonInvalidID, err)
+			}
+			return next.Handle(ctx, d)
+		})
+	}
+}
+
+// writeStats writes the counters to path (atomically) every 25ms.
+func writeStats(path string, c *idemq.Counters) (stop func()) {
+	write := func() {
+		b, _ := json.Marshal(c.Snapshot())
+		tmp := path + ".tmp"
+		if os.WriteFile(tmp, b, 0o644) == nil {
+			_ = os.Rename(tmp, path)
+		}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(25 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				write()
+				return
+			case <-t.C:
+				write()
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}

@@ -1,0 +1,631 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/topology"
+)
+
+type demoOpts struct {
+	amqpURL, pgURL, redisURL string
+	messages, kills, cuts    int
+	consumers                int
+	resendPct                int
+	crashRate                float64
+	modes                    []string
+	timeout                  time.Duration
+	queueType                string
+	jsonOut                  string
+}
+
+func demoMain(args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	var o demoOpts
+	var modes string
+	fs.StringVar(&o.amqpURL, "amqp", envOr("IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "AMQP URL")
+	fs.StringVar(&o.pgURL, "postgres", envOr("IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL (a database per mode is created next to it)")
+	fs.StringVar(&o.redisURL, "redis", envOr("IDEMQ_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL")
+	fs.IntVar(&o.messages, "messages", 2000, "unique transfers per mode")
+	fs.IntVar(&o.kills, "kills", 3, "consumers SIGKILLed at random moments, per mode")
+	fs.IntVar(&o.cuts, "cuts", 1, "broker connection cuts (rabbitmqctl close_all_connections), per mode")
+	fs.IntVar(&o.consumers, "consumers", 2, "consumer processes")
+	fs.IntVar(&o.resendPct, "resend", 10, "percent of transfers the publisher sends twice (same message ID)")
+	fs.Float64Var(&o.crashRate, "crash-rate", 0.002, "per-delivery probability of a consumer SIGKILLing itself at each crash point (before claim, in handler, after commit, before ack)")
+	fs.StringVar(&modes, "modes", "none,dedup,inbox", "modes to run")
+	fs.DurationVar(&o.timeout, "timeout", 100*time.Second, "time allowed per mode")
+	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
+	fs.StringVar(&o.jsonOut, "json", "", "also write the ledgers as JSON to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, m := range strings.Split(modes, ",") {
+		switch m = strings.TrimSpace(m); m {
+		case "none", "dedup", "inbox":
+			o.modes = append(o.modes, m)
+		case "":
+		default:
+			return fmt.Errorf("--modes: unknown mode %q", m)
+		}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	fmt.Printf("idemq bank demo: %d transfers per mode (+%d%% resent with the same ID, +%d malformed), %d consumer processes,\n",
+		o.messages, o.resendPct, len(badMessages()), o.consumers)
+	fmt.Printf("%d kill -9 per mode + self-kills at every crash point (rate %.3f), %d broker connection cut(s).\n\n",
+		o.kills, o.crashRate, o.cuts)
+	var ledgers []*ledger
+	for _, m := range o.modes {
+		fmt.Printf("running mode %-6s ... ", m)
+		start := time.Now()
+		l, err := runMode(ctx, o, m)
+		if err != nil {
+			return fmt.Errorf("mode %s: %w", m, err)
+		}
+		fmt.Printf("done in %.1fs\n", time.Since(start).Seconds())
+		ledgers = append(ledgers, l)
+	}
+	fmt.Println()
+	printLedgers(os.Stdout, ledgers)
+	if o.jsonOut != "" {
+		if err := writeLedgers(o.jsonOut, ledgers); err != nil {
+			return err
+		}
+	}
+	for _, l := range ledgers {
+		if l.mode == "inbox" && !l.exact() {
+			return errors.New("inbox mode was not exact: this is a bug")
+		}
+	}
+	return nil
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signalNotify(ch)
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+type ledger struct {
+	mode                            string
+	published, unique, bad          int
+	deliveries, redeliveries, dups  int64
+	applied, twice, lost            int
+	expected, actual                int64
+	deadLettered                    int
+	reasons                         map[string]int
+	kills, crashes, cuts, restarted int
+}
+
+// Ledger is the JSON form of one mode's results (bank demo --json).
+type Ledger struct {
+	Mode         string         `json:"mode"`
+	Published    int            `json:"published"`
+	Unique       int            `json:"unique"`
+	Malformed    int            `json:"malformed"`
+	Deliveries   int64          `json:"deliveries"`
+	Redeliveries int64          `json:"redeliveries"`
+	Duplicates   int64          `json:"duplicates_suppressed"`
+	Applied      int            `json:"applied"`
+	AppliedTwice int            `json:"applied_twice"`
+	Lost         int            `json:"lost"`
+	Expected     int64          `json:"expected_total"`
+	Actual       int64          `json:"actual_total"`
+	DeadLettered int            `json:"dead_lettered"`
+	Reasons      map[string]int `json:"dead_letter_reasons"`
+	Kills        int            `json:"kills"`
+	Crashes      int            `json:"crashes"`
+	Cuts         int            `json:"connection_cuts"`
+	Exact        bool           `json:"exact"`
+}
+
+func writeLedgers(path string, ls []*ledger) error {
+	var out []Ledger
+	for _, l := range ls {
+		out = append(out, Ledger{Mode: l.mode, Published: l.published, Unique: l.unique, Malformed: l.bad,
+			Deliveries: l.deliveries, Redeliveries: l.redeliveries, Duplicates: l.dups, Applied: l.applied,
+			AppliedTwice: l.twice, Lost: l.lost, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
+			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact()})
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+func (l *ledger) exact() bool {
+	// A consumer killed between publishing a dead letter and acking the
+	// original dead-letters it again on redelivery: duplicated dead letters
+	// are allowed, missing ones are not.
+	return l.lost == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad
+}
+
+// badMessages are the malformed transfers every mode must dead-letter.
+func badMessages() []amqp.Publishing {
+	return []amqp.Publishing{
+		{Body: []byte(`{"account":"acc-1","amount":5}`)},                            // no message_id
+		{MessageId: "bad-json", Body: []byte(`{"account":`)},                        // not JSON
+		{MessageId: "bad-account", Body: []byte(`{"amount":5}`)},                    // no account
+		{MessageId: "bad-float", Body: []byte(`{"account":"acc-1","amount":1.5}`)},  // not an integer
+		{MessageId: "bad-string", Body: []byte(`{"account":"acc-1","amount":"5"}`)}, // not a number
+		{MessageId: "bad\x01ctl", Body: []byte(`{"account":"acc-1","amount":5}`)},   // control character in the ID
+	}
+}
+
+func modeDB(ctx context.Context, base, name string) (string, func(), error) {
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		return "", nil, fmt.Errorf("postgres: %w", err)
+	}
+	defer conn.Close(ctx)
+	ident := pgx.Identifier{name}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("create database: %w", err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", nil, err
+	}
+	u.Path = "/" + name
+	drop := func() {
+		c, err := pgx.Connect(context.Background(), base)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+	}
+	return u.String(), drop, nil
+}
+
+func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
+	suffix := idemq.NewMessageID()[28:]
+	queue := fmt.Sprintf("bank.demo.%s.%s", mode, suffix)
+	dbURL, drop, err := modeDB(ctx, o.pgURL, "bank_demo_"+mode+"_"+suffix)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	dir, err := os.MkdirTemp("", "bank-demo-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	q := bankQueue(queue, o.queueType)
+	topo := topology.Topology{Queues: []topology.Queue{q}}
+	defer deleteQueues(o.amqpURL, topology.ForQueue(q))
+
+	l := &ledger{mode: mode, reasons: map[string]int{}}
+	sup := newSupervisor(o, mode, queue, dbURL, dir)
+	sup.start(o.consumers)
+
+	// Publish while the consumers work and get killed.
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, Setup: topology.SetupFunc(topo)})
+	defer pub.Close()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	var expected int64
+	pubCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	killEvery := o.messages / (o.kills + 1)
+	cutAt := map[int]bool{}
+	for i := 1; i <= o.cuts; i++ {
+		cutAt[i*o.messages/(o.cuts+1)+killEvery/2] = true
+	}
+	for i := 0; i < o.messages; i++ {
+		id := fmt.Sprintf("t-%s-%d", suffix, i)
+		amount := int64(1 + rng.IntN(100))
+		expected += amount
+		body, _ := json.Marshal(transfer{Account: fmt.Sprintf("acc-%d", rng.IntN(20)), Amount: amount})
+		times := 1
+		if rng.IntN(100) < o.resendPct {
+			times = 2 // the publisher resends: same ID, same body
+		}
+		for k := 0; k < times; k++ {
+			if err := pub.Publish(pubCtx, idemq.Message{ID: id, RoutingKey: queue, Body: body, ContentType: "application/json"}); err != nil {
+				return nil, fmt.Errorf("publish: %w", err)
+			}
+			l.published++
+		}
+		if killEvery > 0 && i > 0 && i%killEvery == 0 && l.kills < o.kills {
+			if sup.killOne(rng) {
+				l.kills++
+			}
+		}
+		if cutAt[i] {
+			if out, err := exec.Command("rabbitmqctl", "-q", "-n", envOr("IDEMQ_RABBITMQ_NODE", "rabbit@localhost"),
+				"close_all_connections", "bank demo: connection cut").CombinedOutput(); err == nil {
+				l.cuts++
+			} else {
+				fmt.Fprintf(os.Stderr, "(connection cut skipped: %v %s) ", err, strings.TrimSpace(string(out)))
+			}
+		}
+	}
+	if err := rawPublish(pubCtx, o.amqpURL, queue, badMessages()); err != nil {
+		return nil, err
+	}
+	l.published += len(badMessages())
+	l.bad = len(badMessages())
+	l.unique = o.messages
+	l.expected = expected
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	// Wait until every transfer was applied at least once and every bad one
+	// dead-lettered (or the time is up: then what is missing is "lost").
+	deadline := time.Now().Add(o.timeout)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		applied, _ := distinctApplied(ctx, pool)
+		dl, _ := queueDepth(o.amqpURL, q.Name+".dlq")
+		if applied >= o.messages && dl >= l.bad {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Let the crash-prone consumers go, and finish with one clean consumer
+	// so that everything still queued (redeliveries after a kill) is seen.
+	sup.stopAll()
+	final := newSupervisor(demoOpts{amqpURL: o.amqpURL, redisURL: o.redisURL, queueType: o.queueType}, mode, queue, dbURL, dir)
+	final.start(1)
+	quiet := time.Now().Add(o.timeout / 4)
+	for time.Now().Before(quiet) && ctx.Err() == nil {
+		depth, _ := queueDepth(o.amqpURL, queue)
+		if depth == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	final.stopAll() // SIGTERM: finishes in-flight work and acks it
+	l.crashes = sup.crashes()
+	l.restarted = sup.restarts()
+	for _, s := range append(sup.stats(), final.stats()...) {
+		l.deliveries += s[idemq.CountDelivered]
+		l.redeliveries += s[idemq.CountRedelivered]
+		l.dups += s[idemq.CountDuplicates]
+	}
+
+	counts, err := appliedCounts(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < o.messages; i++ {
+		switch n := counts[fmt.Sprintf("t-%s-%d", suffix, i)]; {
+		case n == 0:
+			l.lost++
+		case n > 1:
+			l.twice++
+		}
+		if counts[fmt.Sprintf("t-%s-%d", suffix, i)] > 0 {
+			l.applied++
+		}
+	}
+	if err := pool.QueryRow(ctx, `SELECT COALESCE(SUM(balance),0) FROM accounts`).Scan(&l.actual); err != nil {
+		return nil, err
+	}
+	dls, err := drainReasons(o.amqpURL, q.Name+".dlq")
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range dls {
+		l.deadLettered++
+		l.reasons[r]++
+	}
+	return l, nil
+}
+
+func distinctApplied(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(DISTINCT message_id) FROM bank_applied`).Scan(&n)
+	return n, err
+}
+
+func appliedCounts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
+	rows, err := pool.Query(ctx, `SELECT message_id, count(*) FROM bank_applied GROUP BY message_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, rows.Err()
+}
+
+func rawPublish(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishing) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		m.DeliveryMode = amqp.Persistent
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, m)
+		if err != nil {
+			return err
+		}
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return fmt.Errorf("malformed message not confirmed: %v", err)
+		}
+	}
+	return nil
+}
+
+// queueDepth is the number of ready messages (a passive declare).
+func queueDepth(amqpURL, queue string) (int, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	return q.Messages, nil
+}
+
+func drainReasons(amqpURL, queue string) ([]string, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return out, nil
+		}
+		r, _ := d.Headers["x-idemq-reason"].(string)
+		if r == "" {
+			r = "?"
+		}
+		out = append(out, r)
+	}
+}
+
+func deleteQueues(amqpURL string, p topology.Plan) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	names := []string{p.Queue, p.DLQ}
+	for _, r := range p.Retries {
+		names = append(names, r.Name)
+	}
+	for _, n := range names {
+		if n == "" {
+			continue
+		}
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(n, false, false, false)
+			_ = ch.Close()
+		}
+	}
+}
+
+// supervisor keeps N `bank consume` child processes running, restarting the
+// ones that die (SIGKILL from the demo or from a crash hook).
+type supervisor struct {
+	o                      demoOpts
+	mode, queue, db, dir   string
+	mu                     sync.Mutex
+	procs                  map[int]*exec.Cmd
+	statFiles              []string
+	stopping               atomic.Bool
+	wg                     sync.WaitGroup
+	crashN, restartN, seqN atomic.Int64
+}
+
+func newSupervisor(o demoOpts, mode, queue, db, dir string) *supervisor {
+	return &supervisor{o: o, mode: mode, queue: queue, db: db, dir: dir, procs: map[int]*exec.Cmd{}}
+}
+
+func (s *supervisor) start(n int) {
+	for slot := 0; slot < n; slot++ {
+		s.wg.Add(1)
+		go s.run(slot)
+	}
+}
+
+func (s *supervisor) run(slot int) {
+	defer s.wg.Done()
+	self, _ := os.Executable()
+	for first := true; !s.stopping.Load(); first = false {
+		if !first {
+			s.restartN.Add(1)
+		}
+		seq := s.seqN.Add(1)
+		stats := filepath.Join(s.dir, fmt.Sprintf("stats-%d.json", seq))
+		cmd := exec.Command(self, "consume", "--mode", s.mode, "--queue", s.queue, "--queue-type", s.o.queueType,
+			"--amqp", s.o.amqpURL, "--postgres", s.db, "--redis", s.o.redisURL, "--stats", stats,
+			"--lease", "2s", "--workers", "4", "--prefetch", "50")
+		cmd.Env = os.Environ()
+		if s.o.crashRate > 0 {
+			cmd.Env = append(cmd.Env, "IDEMQ_BANK_CRASH=before-claim,in-handler,after-commit,before-ack",
+				fmt.Sprintf("IDEMQ_BANK_CRASH_RATE=%g", s.o.crashRate))
+		}
+		logf, _ := os.Create(filepath.Join(s.dir, fmt.Sprintf("consumer-%d.log", seq)))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "start consumer:", err)
+			logf.Close()
+			time.Sleep(time.Second)
+			continue
+		}
+		s.mu.Lock()
+		s.procs[slot] = cmd
+		s.statFiles = append(s.statFiles, stats)
+		s.mu.Unlock()
+		err := cmd.Wait()
+		logf.Close()
+		s.mu.Lock()
+		delete(s.procs, slot)
+		s.mu.Unlock()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+				s.crashN.Add(1)
+			} else if !s.stopping.Load() {
+				b, _ := os.ReadFile(logf.Name())
+				fmt.Fprintf(os.Stderr, "consumer exited: %v\n%s\n", err, tail(string(b), 800))
+				time.Sleep(500 * time.Millisecond)
+			}
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (s *supervisor) killOne(rng *rand.Rand) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var slots []int
+	for k := range s.procs {
+		slots = append(slots, k)
+	}
+	if len(slots) == 0 {
+		return false
+	}
+	sort.Ints(slots)
+	cmd := s.procs[slots[rng.IntN(len(slots))]]
+	return cmd.Process.Signal(syscall.SIGKILL) == nil
+}
+
+// stopAll sends SIGTERM to every child and waits for them to exit.
+func (s *supervisor) stopAll() {
+	s.stopping.Store(true)
+	s.mu.Lock()
+	for _, cmd := range s.procs {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// crashes counts children that died of SIGKILL, whoever sent it; the
+// demo's own kills are a subset.
+func (s *supervisor) crashes() int  { return int(s.crashN.Load()) }
+func (s *supervisor) restarts() int { return int(s.restartN.Load()) }
+
+func (s *supervisor) stats() []map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []map[string]int64
+	for _, f := range s.statFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		m := map[string]int64{}
+		if json.Unmarshal(b, &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func printLedgers(w io.Writer, ls []*ledger) {
+	row := func(label string, f func(l *ledger) string) {
+		fmt.Fprintf(w, "%-34s", label)
+		for _, l := range ls {
+			fmt.Fprintf(w, "%12s", f(l))
+		}
+		fmt.Fprintln(w)
+	}
+	itoa := func(n int64) string { return fmt.Sprint(n) }
+	row("", func(l *ledger) string { return l.mode })
+	row("published (incl. resends, bad)", func(l *ledger) string { return itoa(int64(l.published)) })
+	row("unique transfers", func(l *ledger) string { return itoa(int64(l.unique)) })
+	row("deliveries seen by consumers (≈)", func(l *ledger) string { return itoa(l.deliveries) })
+	row("  of which redeliveries", func(l *ledger) string { return itoa(l.redeliveries) })
+	row("duplicates suppressed", func(l *ledger) string { return itoa(l.dups) })
+	row("consumers killed (kill -9)", func(l *ledger) string { return itoa(int64(l.crashes)) })
+	row("transfers applied", func(l *ledger) string { return itoa(int64(l.applied)) })
+	row("transfers applied twice or more", func(l *ledger) string { return itoa(int64(l.twice)) })
+	row("transfers lost", func(l *ledger) string { return itoa(int64(l.lost)) })
+	row("expected total balance", func(l *ledger) string { return itoa(l.expected) })
+	row("actual total balance", func(l *ledger) string { return itoa(l.actual) })
+	row("dead-lettered (malformed: "+fmt.Sprint(len(badMessages()))+")", func(l *ledger) string { return itoa(int64(l.deadLettered)) })
+	row("verdict", func(l *ledger) string {
+		if l.exact() {
+			return "EXACT"
+		}
+		return "WRONG"
+	})
+	fmt.Fprintln(w)
+	for _, l := range ls {
+		var rs []string
+		for r, n := range l.reasons {
+			rs = append(rs, fmt.Sprintf("%s×%d", r, n))
+		}
+		sort.Strings(rs)
+		fmt.Fprintf(w, "%s: dead-letter reasons %s; %d broker connection cut(s); %d restarts\n", l.mode, strings.Join(rs, ", "), l.cuts, l.restarted)
+	}
+	fmt.Fprintln(w, `
+none  applies every redelivery and every resend: money is created.
+dedup suppresses resends and redeliveries; a consumer killed after its commit
+      but before the dedup record is completed applies that transfer twice.
+inbox records the message ID in the same transaction as the balance: exact.`)
+}

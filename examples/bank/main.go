@@ -1,0 +1,51 @@
+// Command bank is the idemq demonstration: transfers whose effect
+// (balance += amount) is deliberately not idempotent, consumed in one of three
+// modes — none (unprotected, to show the problem), dedup (a Redis dedup
+// guard) or inbox (an inbox row in the same PostgreSQL transaction).
+//
+//	bank consume [--mode none|dedup|inbox] [--queue bank.transfers] [--queue-type quorum|classic]
+//	             [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
+//	bank demo    [--messages N] [--kills N] [--modes none,dedup,inbox]
+//
+// A transfer is a persistent message on the default exchange, routing key
+// the queue name, message_id the transfer ID and body
+// {"account":"<id>","amount":<int64>}. A message without a usable
+// message_id or with any other body ends up in <queue>.dlq with a reason.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "consume":
+		err = consumeMain(os.Args[2:])
+	case "demo":
+		err = demoMain(os.Args[2:])
+	case "-h", "--help", "help":
+		usage()
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "bank: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bank:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, `usage:
+  bank consume [--mode none|dedup|inbox] [--queue NAME] [--queue-type quorum|classic]
+               [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
+  bank demo    [--messages N] [--kills N] [--modes none,dedup,inbox]`)
+}

@@ -1,0 +1,30 @@
+// Package inbox is the third layer of defence: the inbox row (group,
+// message ID) is inserted in the same database transaction as the
+// handler's effect, so the effect is applied exactly once even when a
+// consumer dies between its commit and its ack.
+//
+// Per delivery: BEGIN → INSERT the row (ON CONFLICT DO NOTHING / INSERT
+// IGNORE) → zero rows: a duplicate, roll back, count, ack → else run the
+// handler with the open transaction → COMMIT → ack. A handler error rolls
+// back and goes to the failure policy. [Inbox.Batch] runs many deliveries
+// in one transaction with a savepoint each.
+//
+// Dependency hygiene: this package imports no driver. [Dialect] values are
+// plain data and [SQL] is database/sql; the pgx driver lives in
+// inbox/postgres, MySQL and SQLite constructors in inbox/mysql and
+// inbox/sqlite (which import no driver either: you import yours).
+//
+// # Guarantees
+//
+//	combination              completed duplicate        killed after commit   store forgets
+//	inbox alone              tx opened, row stops it    suppressed            n/a
+//	dedup.Guard + inbox      turned away, no tx         suppressed (row)      row stops it
+//	dedup.Guard alone        turned away                duplicate possible    duplicates
+//
+// With dedup.Guard (memory or Redis store) in front, a completed duplicate
+// is acked without opening a transaction; the inbox row stays the
+// authority whenever the store is wrong (lost record, restart without
+// persistence, kill between commit and Complete). Rows older than
+// Config.Window are purged ([Inbox.Purge], [Inbox.RunPurger]); a Window
+// shorter than Config.RetryHorizon is rejected by [New].
+package inbox

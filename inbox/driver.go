@@ -1,0 +1,60 @@
+package inbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+)
+
+// Driver runs the inbox's statements in transactions of type T: pgx.Tx for
+// pgx (inbox/postgres), *sql.Tx for database/sql ([SQL]). The user's handler
+// receives the same T.
+type Driver[T any] interface {
+	Dialect() Dialect
+	// Begin opens a transaction.
+	Begin(ctx context.Context) (T, error)
+	// Exec runs one statement in tx and returns the rows affected.
+	Exec(ctx context.Context, tx T, query string, args ...any) (int64, error)
+	Commit(ctx context.Context, tx T) error
+	Rollback(ctx context.Context, tx T) error
+}
+
+// SQLBeginner is what [SQL] needs: *sql.DB (or *sql.Conn).
+type SQLBeginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// SQL returns a database/sql [Driver] for dialect d: PostgreSQL through
+// pgx/v5/stdlib, MySQL/MariaDB through go-sql-driver/mysql, SQLite through
+// modernc.org/sqlite. It imports no driver; the caller opens db. For SQLite
+// open db with [SQLiteDSN]-style options (busy_timeout, _txlock=immediate):
+// see package inbox/sqlite.
+func SQL(db SQLBeginner, d Dialect) Driver[*sql.Tx] {
+	return sqlDriver{db: db, d: d}
+}
+
+type sqlDriver struct {
+	db SQLBeginner
+	d  Dialect
+}
+
+func (s sqlDriver) Dialect() Dialect { return s.d }
+
+func (s sqlDriver) Begin(ctx context.Context) (*sql.Tx, error) {
+	return s.db.BeginTx(ctx, nil)
+}
+
+func (s sqlDriver) Exec(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("rows affected: %w", err)
+	}
+	return n, nil
+}
+
+func (s sqlDriver) Commit(_ context.Context, tx *sql.Tx) error   { return tx.Commit() }
+func (s sqlDriver) Rollback(_ context.Context, tx *sql.Tx) error { return tx.Rollback() }

@@ -1,0 +1,269 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemq/idemq"
+)
+
+// DefaultTable is the inbox table's default name.
+const DefaultTable = "idemq_inbox"
+
+// MaxGroupLength bounds a consumer group name in bytes (the column width).
+const MaxGroupLength = 255
+
+// Config configures an [Inbox]. The zero value is usable.
+type Config struct {
+	// Table is the inbox table ("name" or "schema.name"; letters, digits
+	// and underscores). Default [DefaultTable].
+	Table string
+	// Group is the consumer group the rows are keyed by. Default: the
+	// delivery's Group (the consumer's ConsumerConfig.Group).
+	Group string
+	// ID extracts the message ID from a delivery (a business key from a
+	// header or the body). It is validated with [idemq.ValidateID]. An
+	// extractor error rejects the delivery (reason missing-id unless the
+	// error is an [*idemq.RejectError] with its own reason). Default: the
+	// AMQP message_id.
+	ID func(d *idemq.Delivery) (string, error)
+	// Window is how long inbox rows are kept (the dedup window): a
+	// duplicate arriving later than this is processed again. Default 7
+	// days.
+	Window time.Duration
+	// RetryHorizon is the longest time a message can come back after its
+	// first delivery (retry delays, dead-letter replays you intend to
+	// dedup). A Window shorter than it is rejected by [New]. Default 0 (no
+	// check).
+	RetryHorizon time.Duration
+	// PurgeInterval is how often [Inbox.RunPurger] purges. Default 1 minute.
+	PurgeInterval time.Duration
+	// PurgeBatch is the number of rows deleted per statement (and
+	// transaction) when purging. Default 1000.
+	PurgeBatch int
+	// SkipMigrate skips creating the table in [New] (the schema is
+	// managed elsewhere; see [Inbox.Migrate] for the DDL it expects).
+	SkipMigrate bool
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Errors from the inbox.
+var (
+	// ErrWindowTooShort: Config.Window is shorter than Config.RetryHorizon,
+	// so a retried message could find its inbox row purged and run twice.
+	ErrWindowTooShort = errors.New("inbox: retention window shorter than the retry horizon")
+	// ErrInvalidGroup: an empty group name or one longer than
+	// MaxGroupLength bytes.
+	ErrInvalidGroup = errors.New("inbox: invalid consumer group")
+)
+
+// HandlerFunc is the business handler: it runs inside the inbox
+// transaction tx and must do all its database work through tx. It must not
+// commit or roll back tx. A nil return commits; an error rolls back and is
+// returned to the failure policy unchanged (wrap with %w to keep
+// [idemq.Permanent] or [idemq.Requeue] visible).
+type HandlerFunc[T any] func(ctx context.Context, tx T, d *idemq.Delivery) error
+
+// Inbox writes one row per (group, message ID) in the same transaction as
+// the handler's effect. Create it with [New].
+type Inbox[T any] struct {
+	drv Driver[T]
+	cfg Config
+	st  statements
+	log *slog.Logger
+}
+
+// New validates cfg, fills its defaults, creates the table unless
+// cfg.SkipMigrate, and returns the inbox.
+func New[T any](ctx context.Context, drv Driver[T], cfg Config) (*Inbox[T], error) {
+	if drv == nil {
+		return nil, errors.New("inbox: nil driver")
+	}
+	if !drv.Dialect().valid() {
+		return nil, fmt.Errorf("inbox: unknown dialect %q", drv.Dialect().name)
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = 7 * 24 * time.Hour
+	}
+	if cfg.RetryHorizon > 0 && cfg.Window < cfg.RetryHorizon {
+		return nil, fmt.Errorf("%w: Window %v < RetryHorizon %v: a message retried after %v would find its inbox row purged and apply its effect again; raise Window to at least %v",
+			ErrWindowTooShort, cfg.Window, cfg.RetryHorizon, cfg.Window, cfg.RetryHorizon)
+	}
+	if cfg.Group != "" {
+		if err := validGroup(cfg.Group); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.PurgeInterval <= 0 {
+		cfg.PurgeInterval = time.Minute
+	}
+	if cfg.PurgeBatch <= 0 {
+		cfg.PurgeBatch = 1000
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	st, err := drv.Dialect().statements(cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	ib := &Inbox[T]{drv: drv, cfg: cfg, st: st, log: cfg.Logger.With("inbox", cfg.Table)}
+	if !cfg.SkipMigrate {
+		if err := ib.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return ib, nil
+}
+
+func validGroup(g string) error {
+	if g == "" || len(g) > MaxGroupLength {
+		return fmt.Errorf("%w: %d bytes (1..%d allowed)", ErrInvalidGroup, len(g), MaxGroupLength)
+	}
+	return nil
+}
+
+// Driver returns the inbox's driver.
+func (ib *Inbox[T]) Driver() Driver[T] { return ib.drv }
+
+// Config returns the effective configuration (defaults filled).
+func (ib *Inbox[T]) Config() Config { return ib.cfg }
+
+// Migrate creates the table and its received_at index if they do not exist.
+// It is idempotent and safe to run from many processes at once (PostgreSQL
+// serializes it on an advisory lock; MySQL's and SQLite's CREATE ... IF NOT
+// EXISTS are atomic).
+func (ib *Inbox[T]) Migrate(ctx context.Context) error {
+	tx, err := ib.drv.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: migrate %s: begin: %w", ib.cfg.Table, err)
+	}
+	for i, q := range ib.st.migrate {
+		var args []any
+		if i == 0 && ib.st.lockArgs != nil {
+			args = ib.st.lockArgs
+		}
+		if _, err := ib.drv.Exec(ctx, tx, q, args...); err != nil {
+			_ = ib.drv.Rollback(ctx, tx)
+			return fmt.Errorf("inbox: migrate %s: %w", ib.cfg.Table, err)
+		}
+	}
+	if err := ib.drv.Commit(ctx, tx); err != nil {
+		return fmt.Errorf("inbox: migrate %s: commit: %w", ib.cfg.Table, err)
+	}
+	return nil
+}
+
+// key returns the (group, id) of a delivery or a reject error.
+func (ib *Inbox[T]) key(d *idemq.Delivery) (group, id string, err error) {
+	group = ib.cfg.Group
+	if group == "" {
+		group = d.Group
+	}
+	if err := validGroup(group); err != nil {
+		return "", "", idemq.Reject(idemq.ReasonInvalidID, err)
+	}
+	id = d.MessageID
+	if ib.cfg.ID != nil {
+		id, err = ib.cfg.ID(d)
+		if err != nil {
+			var re *idemq.RejectError
+			if errors.As(err, &re) {
+				return "", "", err
+			}
+			return "", "", idemq.Reject(idemq.ReasonMissingID, fmt.Errorf("inbox: extract message ID: %w", err))
+		}
+	}
+	if err := idemq.ValidateID(id); err != nil {
+		reason := idemq.ReasonInvalidID
+		if errors.Is(err, idemq.ErrMissingMessageID) {
+			reason = idemq.ReasonMissingID
+		}
+		return "", "", idemq.Reject(reason, err)
+	}
+	return group, id, nil
+}
+
+// insert writes the inbox row in tx; false means it was already there.
+func (ib *Inbox[T]) insert(ctx context.Context, tx T, group, id string) (bool, error) {
+	n, err := ib.drv.Exec(ctx, tx, ib.st.insert, group, id, ib.drv.Dialect().timeArg(ib.cfg.Now()))
+	if err != nil {
+		return false, fmt.Errorf("inbox: insert row: %w", err)
+	}
+	return n > 0, nil
+}
+
+// Handler returns the innermost idemq handler: per delivery it begins a
+// transaction, inserts the inbox row, and
+//   - row already there (a duplicate, committed by someone else): rolls
+//     back, counts [idemq.CountDuplicates], returns nil (ack) without
+//     running h;
+//   - row inserted: runs h(ctx, tx, d); nil → commit, count
+//     [idemq.CountProcessed], return nil; error → roll back, return it.
+//
+// A second delivery of an ID whose row is still uncommitted blocks on it
+// (PostgreSQL and MySQL wait on the unique index, SQLite on the write
+// lock): it is acked as a duplicate once the first commits, and runs if the
+// first rolls back. A missing or invalid ID is rejected
+// ([idemq.ReasonMissingID], [idemq.ReasonInvalidID]).
+func (ib *Inbox[T]) Handler(h HandlerFunc[T]) idemq.Handler {
+	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		return ib.handle(ctx, h, d)
+	})
+}
+
+func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Delivery) (err error) {
+	group, id, err := ib.key(d)
+	if err != nil {
+		return err
+	}
+	rec := idemq.RecorderFrom(ctx)
+	tx, err := ib.drv.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox: begin: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			// A panic in h (re-raised to the Recover middleware) or an
+			// early return: never leave the transaction open.
+			_ = ib.drv.Rollback(context.WithoutCancel(ctx), tx)
+		}
+	}()
+	fresh, err := ib.insert(ctx, tx, group, id)
+	if err != nil {
+		return err
+	}
+	if !fresh {
+		done = true
+		_ = ib.drv.Rollback(ctx, tx)
+		rec.Add(idemq.CountDuplicates, 1)
+		ib.log.Debug("inbox: duplicate acked", "group", group, "message_id", id)
+		return nil
+	}
+	if err := h(ctx, tx, d); err != nil {
+		done = true
+		if rbErr := ib.drv.Rollback(context.WithoutCancel(ctx), tx); rbErr != nil {
+			ib.log.Warn("inbox: rollback after handler error failed", "message_id", id, "err", rbErr)
+		}
+		return err
+	}
+	done = true
+	if err := ib.drv.Commit(ctx, tx); err != nil {
+		return fmt.Errorf("inbox: commit: %w", err)
+	}
+	rec.Add(idemq.CountProcessed, 1)
+	return nil
+}

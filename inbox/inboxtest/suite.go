@@ -1,0 +1,548 @@
+package inboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// Amount is what every test message adds to its account.
+const Amount = 10
+
+// wait is the generous deadline of every poll: the CI machine is small and
+// shared.
+const wait = 45 * time.Second
+
+// Run runs the whole suite against h.
+func Run[T any](t *testing.T, h Harness[T]) {
+	t.Run("Schema", func(t *testing.T) { testSchema(t, h) })
+	t.Run("Handler", func(t *testing.T) { testHandler(t, h) })
+	t.Run("RejectsBadIDs", func(t *testing.T) { testBadIDs(t, h) })
+	t.Run("ConcurrentSameIDCommit", func(t *testing.T) { testConcurrent(t, h, true) })
+	t.Run("ConcurrentSameIDRollback", func(t *testing.T) { testConcurrent(t, h, false) })
+	t.Run("Purge", func(t *testing.T) { testPurge(t, h) })
+	t.Run("Batch", func(t *testing.T) { testBatch(t, h) })
+	t.Run("BatchCommitFails", func(t *testing.T) { testBatchCommitFails(t, h) })
+	t.Run("RabbitPublisherResends", func(t *testing.T) { testResends(t, h) })
+	t.Run("RabbitTwoConsumers", func(t *testing.T) { testTwoConsumers(t, h) })
+	t.Run("RabbitFailThenSucceed", func(t *testing.T) { testFailThenSucceed(t, h) })
+	t.Run("RabbitBatchPoison", func(t *testing.T) { testBatchPoison(t, h) })
+	t.Run("RabbitKilledAfterCommit", func(t *testing.T) { testKilled(t, h) })
+	t.Run("RabbitDedupFastPath", func(t *testing.T) { testFastPath(t, h) })
+}
+
+// env is one test's database.
+type env[T any] struct {
+	t   testing.TB
+	dsn string
+	db  DB[T]
+}
+
+func setup[T any](t testing.TB, h Harness[T]) *env[T] {
+	t.Helper()
+	dsn := h.NewDSN(t)
+	e := &env[T]{t: t, dsn: dsn, db: h.Open(t, dsn)}
+	e.exec("CREATE TABLE accounts (id VARCHAR(100) PRIMARY KEY, balance BIGINT NOT NULL)")
+	return e
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (e *env[T]) ph(n int) string { return e.db.Driver.Dialect().Placeholder(n) }
+
+func (e *env[T]) exec(q string, args ...any) {
+	e.t.Helper()
+	if err := e.db.Exec(context.Background(), q, args...); err != nil {
+		e.t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func (e *env[T]) int(q string, args ...any) int64 {
+	e.t.Helper()
+	n, err := e.db.QueryInt(context.Background(), q, args...)
+	if err != nil {
+		e.t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// accounts creates one account per ID, balance 0.
+func (e *env[T]) accounts(ids ...string) {
+	e.t.Helper()
+	for _, id := range ids {
+		e.exec("INSERT INTO accounts (id, balance) VALUES ("+e.ph(1)+", 0)", "a-"+id)
+	}
+}
+
+func (e *env[T]) balance(id string) int64 {
+	e.t.Helper()
+	return e.int("SELECT balance FROM accounts WHERE id = "+e.ph(1), "a-"+id)
+}
+
+// wantBalances checks every listed ID's account holds want.
+func (e *env[T]) wantBalances(want int64, ids ...string) {
+	e.t.Helper()
+	for _, id := range ids {
+		if got := e.balance(id); got != want {
+			e.t.Errorf("balance of %s = %d, want %d (effect applied %d times)", id, got, want, got/Amount)
+		}
+	}
+}
+
+func (e *env[T]) inboxRows(table string) int64 {
+	e.t.Helper()
+	qt, err := e.db.Driver.Dialect().QuoteTable(table)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return e.int("SELECT COUNT(*) FROM " + qt)
+}
+
+// effect is the non-idempotent business handler: body "<id>" adds Amount
+// to account "a-<id>". Body "fail" anywhere in it fails after the update.
+func effect[T any](drv inbox.Driver[T]) inbox.HandlerFunc[T] {
+	ph := drv.Dialect().Placeholder
+	return func(ctx context.Context, tx T, d *idemq.Delivery) error {
+		n, err := drv.Exec(ctx, tx, "UPDATE accounts SET balance = balance + "+ph(1)+" WHERE id = "+ph(2), Amount, "a-"+string(d.Body))
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return idemq.Permanent(fmt.Errorf("no account a-%s", d.Body))
+		}
+		if strings.Contains(d.MessageID, "poison") {
+			return idemq.Permanent(errors.New("poison message"))
+		}
+		return nil
+	}
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = prefix + "-" + strconv.Itoa(i)
+	}
+	return out
+}
+
+func delivery(id string) *idemq.Delivery {
+	return &idemq.Delivery{MessageID: id, Body: []byte(id), Group: "g", Queue: "q"}
+}
+
+func newInbox[T any](t testing.TB, drv inbox.Driver[T], cfg inbox.Config) *inbox.Inbox[T] {
+	t.Helper()
+	ib, err := inbox.New(ctxT(t), drv, cfg)
+	if err != nil {
+		t.Fatalf("inbox.New: %v", err)
+	}
+	return ib
+}
+
+func testSchema[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	ctx := ctxT(t)
+	// Concurrent, repeated migrations of a custom table all succeed.
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for i := 0; i < 6; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := inbox.New(ctx, e.db.Driver, inbox.Config{Table: "custom_inbox"})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate: %v", err)
+		}
+	}
+	if n := e.inboxRows("custom_inbox"); n != 0 {
+		t.Fatalf("fresh table has %d rows", n)
+	}
+	newInbox(t, e.db.Driver, inbox.Config{}) // default table
+	if n := e.inboxRows(inbox.DefaultTable); n != 0 {
+		t.Fatalf("fresh default table has %d rows", n)
+	}
+
+	for _, tc := range []struct {
+		name string
+		cfg  inbox.Config
+		want error
+	}{
+		{"bad table name", inbox.Config{Table: "x; DROP TABLE accounts"}, inbox.ErrInvalidIdentifier},
+		{"quoted table name", inbox.Config{Table: `a"b`}, inbox.ErrInvalidIdentifier},
+		{"window shorter than retry horizon", inbox.Config{Window: time.Hour, RetryHorizon: 2 * time.Hour}, inbox.ErrWindowTooShort},
+		{"group too long", inbox.Config{Group: strings.Repeat("g", inbox.MaxGroupLength+1)}, inbox.ErrInvalidGroup},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := inbox.New(ctx, e.db.Driver, tc.cfg)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if _, err := inbox.New(ctx, e.db.Driver, inbox.Config{Window: 3 * time.Hour, RetryHorizon: 2 * time.Hour}); err != nil {
+		t.Fatalf("window >= horizon rejected: %v", err)
+	}
+}
+
+func testHandler[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	e.accounts("m1", "m2")
+	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	var rec idemq.Counters
+	ctx := idemq.WithRecorder(ctxT(t), &rec)
+
+	// First delivery runs; the same ID again is a duplicate, acked (nil)
+	// without running the handler.
+	hd := ib.Handler(effect(e.db.Driver))
+	for i := 0; i < 3; i++ {
+		if err := hd.Handle(ctx, delivery("m1")); err != nil {
+			t.Fatalf("delivery %d: %v", i, err)
+		}
+	}
+	e.wantBalances(Amount, "m1")
+	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); p != 1 || d != 2 {
+		t.Fatalf("processed=%d duplicates=%d, want 1 and 2", p, d)
+	}
+	// Another group processes the same ID once more: rows are per group.
+	other := delivery("m1")
+	other.Group = "other"
+	if err := hd.Handle(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	e.wantBalances(2*Amount, "m1")
+
+	// A failing handler rolls back its effect and its inbox row: the
+	// redelivery runs again.
+	boom := errors.New("boom")
+	fail := true
+	failing := ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
+		if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+			return err
+		}
+		if fail {
+			return idemq.Requeue(time.Second, "test", boom)
+		}
+		return nil
+	})
+	err := failing.Handle(ctx, delivery("m2"))
+	var re *idemq.RequeueError
+	if !errors.Is(err, boom) || !errors.As(err, &re) {
+		t.Fatalf("handler error not returned unchanged: %v", err)
+	}
+	e.wantBalances(0, "m2")
+	if n := e.int("SELECT COUNT(*) FROM idemq_inbox WHERE message_id = "+e.ph(1), "m2"); n != 0 {
+		t.Fatalf("inbox row of a rolled-back delivery survived (%d)", n)
+	}
+	fail = false
+	if err := failing.Handle(ctx, delivery("m2")); err != nil {
+		t.Fatal(err)
+	}
+	e.wantBalances(Amount, "m2")
+
+	// A panicking handler rolls back too (the panic goes on up to the
+	// consumer's recoverer).
+	func() {
+		defer func() { _ = recover() }()
+		_ = ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
+			_ = effect(e.db.Driver)(ctx, tx, d)
+			panic("handler bug")
+		}).Handle(ctx, delivery("m1-panic"))
+	}()
+	if n := e.int("SELECT COUNT(*) FROM idemq_inbox WHERE message_id = "+e.ph(1), "m1-panic"); n != 0 {
+		t.Fatal("a panicking handler's inbox row was committed")
+	}
+}
+
+func testBadIDs[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	e.accounts("biz-7")
+	ran := 0
+	run := func(ctx context.Context, tx T, d *idemq.Delivery) error { ran++; return nil }
+	plain := newInbox(t, e.db.Driver, inbox.Config{}).Handler(run)
+	byHeader := newInbox(t, e.db.Driver, inbox.Config{ID: func(d *idemq.Delivery) (string, error) {
+		if k := d.HeaderString("order"); k != "" {
+			return "order-" + k, nil
+		}
+		return "", errors.New("no order header")
+	}}).Handler(run)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name   string
+		h      idemq.Handler
+		d      *idemq.Delivery
+		reason string
+	}{
+		{"empty", plain, &idemq.Delivery{Group: "g"}, idemq.ReasonMissingID},
+		{"control char", plain, &idemq.Delivery{MessageID: "a\x00b", Group: "g"}, idemq.ReasonInvalidID},
+		{"too long", plain, &idemq.Delivery{MessageID: strings.Repeat("x", idemq.MaxIDLength+1), Group: "g"}, idemq.ReasonInvalidID},
+		{"bad utf8", plain, &idemq.Delivery{MessageID: "\xff\xfe", Group: "g"}, idemq.ReasonInvalidID},
+		{"no group", plain, &idemq.Delivery{MessageID: "x"}, idemq.ReasonInvalidID},
+		{"extractor fails", byHeader, &idemq.Delivery{MessageID: "m", Group: "g"}, idemq.ReasonMissingID},
+		{"extractor gives bad id", byHeader, &idemq.Delivery{Group: "g", Headers: amqp.Table{"order": "\n"}}, idemq.ReasonInvalidID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.h.Handle(ctx, tc.d)
+			var rej *idemq.RejectError
+			if !errors.As(err, &rej) || rej.Reason != tc.reason {
+				t.Fatalf("got %v, want a reject with reason %s", err, tc.reason)
+			}
+		})
+	}
+	if ran != 0 {
+		t.Fatalf("handler ran %d times for rejected deliveries", ran)
+	}
+	if n := e.inboxRows(inbox.DefaultTable); n != 0 {
+		t.Fatalf("%d inbox rows written for rejected deliveries", n)
+	}
+	// The extractor's ID is the key: two messages with different AMQP IDs
+	// but one business key run once.
+	for _, mid := range []string{"amqp-1", "amqp-2"} {
+		d := &idemq.Delivery{MessageID: mid, Group: "g", Headers: amqp.Table{"order": "7"}}
+		if err := byHeader.Handle(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ran != 1 {
+		t.Fatalf("business-keyed handler ran %d times, want 1", ran)
+	}
+}
+
+// testConcurrent: two deliveries of one ID at the same time. The second
+// blocks on the first's uncommitted row; it is a duplicate only once the
+// first commits, and runs if the first rolls back.
+func testConcurrent[T any](t *testing.T, h Harness[T], commit bool) {
+	e := setup(t, h)
+	e.accounts("c1")
+	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	var rec idemq.Counters
+	ctx := idemq.WithRecorder(ctxT(t), &rec)
+
+	started, release := make(chan struct{}), make(chan struct{})
+	firstErr := errors.New("first fails")
+	first := ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
+		if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+			return err
+		}
+		close(started)
+		<-release
+		if !commit {
+			return firstErr
+		}
+		return nil
+	})
+	var secondRan atomic.Bool
+	second := ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
+		secondRan.Store(true)
+		return effect(e.db.Driver)(ctx, tx, d)
+	})
+	res1, res2 := make(chan error, 1), make(chan error, 1)
+	go func() { res1 <- first.Handle(ctx, delivery("c1")) }()
+	select {
+	case <-started:
+	case err := <-res1:
+		t.Fatalf("first delivery ended early: %v", err)
+	}
+	go func() { res2 <- second.Handle(ctx, delivery("c1")) }()
+	if e.db.LockWaiters != nil {
+		testenv.Eventually(t, wait, "the second delivery to wait on the first's row lock", func() bool {
+			n, err := e.db.LockWaiters(ctx)
+			return err == nil && n >= 1
+		})
+	}
+	select {
+	case err := <-res2:
+		t.Fatalf("second delivery finished (%v) while the first was uncommitted", err)
+	default:
+	}
+	if secondRan.Load() {
+		t.Fatal("second delivery ran while the first held the row")
+	}
+	close(release)
+	err1 := <-res1
+	err2 := <-res2
+	if commit {
+		if err1 != nil || err2 != nil {
+			t.Fatalf("first=%v second=%v, want nil, nil", err1, err2)
+		}
+		if secondRan.Load() {
+			t.Fatal("second delivery ran after the first committed")
+		}
+		if d := rec.Get(idemq.CountDuplicates); d != 1 {
+			t.Fatalf("duplicates=%d, want 1", d)
+		}
+	} else {
+		if !errors.Is(err1, firstErr) || err2 != nil {
+			t.Fatalf("first=%v second=%v, want firstErr, nil", err1, err2)
+		}
+		if !secondRan.Load() {
+			t.Fatal("second delivery did not run after the first rolled back")
+		}
+	}
+	e.wantBalances(Amount, "c1")
+}
+
+func testPurge[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	var now atomic.Int64
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now.Store(t0.UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	ib := newInbox(t, e.db.Driver, inbox.Config{Window: time.Hour, Now: clock, PurgeInterval: 10 * time.Millisecond, PurgeBatch: 7})
+	nop := ib.Handler(func(context.Context, T, *idemq.Delivery) error { return nil })
+	ctx := ctxT(t)
+	for _, id := range ids("old", 25) {
+		if err := nop.Handle(ctx, delivery(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now.Store(t0.Add(2 * time.Hour).UnixNano())
+	for _, id := range ids("new", 5) {
+		if err := nop.Handle(ctx, delivery(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now.Store(t0.Add(2*time.Hour + time.Minute).UnixNano())
+	n, err := ib.Purge(ctx, time.Hour, 10)
+	if err != nil || n != 25 {
+		t.Fatalf("Purge = %d, %v; want 25 rows", n, err)
+	}
+	if left := e.inboxRows(inbox.DefaultTable); left != 5 {
+		t.Fatalf("%d rows left, want 5", left)
+	}
+	// The background purger removes the rest once they are past the window.
+	now.Store(t0.Add(4 * time.Hour).UnixNano())
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ib.RunPurger(pctx) }()
+	testenv.Eventually(t, wait, "the purger to empty the inbox", func() bool { return e.inboxRows(inbox.DefaultTable) == 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunPurger: %v", err)
+	}
+}
+
+// handleAll calls b.Handle for each delivery concurrently (as the
+// consumer's workers do) and returns the results by message ID.
+func handleAll(ctx context.Context, b idemq.Handler, ds ...*idemq.Delivery) []error {
+	errs := make([]error, len(ds))
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = b.Handle(ctx, d) }()
+	}
+	wg.Wait()
+	return errs
+}
+
+func testBatch[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	good := ids("b", 4)
+	e.accounts(append(good, "poison-1", "panic-1")...)
+	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	var rec idemq.Counters
+	ctx := idemq.WithRecorder(ctxT(t), &rec)
+	hf := func(ctx context.Context, tx T, d *idemq.Delivery) error {
+		if d.MessageID == "panic-1" {
+			panic("handler bug")
+		}
+		return effect(e.db.Driver)(ctx, tx, d)
+	}
+	// MaxWait is long: the batch runs because it is full, so all seven
+	// deliveries share one transaction.
+	b := ib.Batch(hf, inbox.BatchConfig{Size: 7, MaxWait: time.Minute})
+	ds := []*idemq.Delivery{delivery(good[0]), delivery(good[1]), delivery("poison-1"), delivery(good[2]), delivery(good[0]), delivery("panic-1"), delivery(good[3])}
+	errs := handleAll(ctx, b, ds...)
+	for i, d := range ds {
+		switch d.MessageID {
+		case "poison-1":
+			if !idemq.IsPermanent(errs[i]) {
+				t.Errorf("poison: %v, want its own permanent error", errs[i])
+			}
+		case "panic-1":
+			var pe *idemq.PanicError
+			if !errors.As(errs[i], &pe) {
+				t.Errorf("panic: %v, want a PanicError", errs[i])
+			}
+		default:
+			if errs[i] != nil {
+				t.Errorf("%s: %v", d.MessageID, errs[i])
+			}
+		}
+	}
+	e.wantBalances(Amount, good...)
+	e.wantBalances(0, "poison-1", "panic-1")
+	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); p != 4 || d != 1 {
+		t.Fatalf("processed=%d duplicates=%d, want 4 and 1", p, d)
+	}
+	if n := e.inboxRows(inbox.DefaultTable); n != 4 {
+		t.Fatalf("%d inbox rows, want 4 (poison and panic rolled back)", n)
+	}
+	// A second batch: committed IDs are duplicates, the rest run; a batch
+	// that never fills runs after MaxWait.
+	b2 := ib.Batch(hf, inbox.BatchConfig{Size: 100, MaxWait: 50 * time.Millisecond})
+	for _, err := range handleAll(ctx, b2, delivery(good[0]), delivery(good[3])) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.wantBalances(Amount, good...)
+	// Concurrency caps the batch: with 2 workers a batch of 2 runs at once.
+	b3 := ib.Batch(hf, inbox.BatchConfig{Size: 100, MaxWait: time.Hour, Concurrency: 2})
+	e.accounts("b-x", "b-y")
+	for _, err := range handleAll(ctx, b3, delivery("b-x"), delivery("b-y")) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.wantBalances(Amount, "b-x", "b-y")
+}
+
+// failCommit rolls back instead of committing and says so.
+type failCommit[T any] struct{ inbox.Driver[T] }
+
+var errCommit = errors.New("injected commit failure")
+
+func (f failCommit[T]) Commit(ctx context.Context, tx T) error {
+	_ = f.Driver.Rollback(ctx, tx)
+	return errCommit
+}
+
+func testBatchCommitFails[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	newInbox(t, e.db.Driver, inbox.Config{}) // migrate with the real driver
+	ib := newInbox(t, failCommit[T]{e.db.Driver}, inbox.Config{SkipMigrate: true})
+	list := ids("f", 3)
+	e.accounts(list...)
+	b := ib.Batch(effect(e.db.Driver), inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
+	ds := []*idemq.Delivery{delivery(list[0]), delivery(list[1]), delivery(list[2])}
+	for i, err := range handleAll(ctxT(t), b, ds...) {
+		if !errors.Is(err, errCommit) {
+			t.Errorf("%s: %v, want the commit error", ds[i].MessageID, err)
+		}
+	}
+	e.wantBalances(0, list...)
+	if n := e.inboxRows(inbox.DefaultTable); n != 0 {
+		t.Fatalf("%d inbox rows after a failed commit", n)
+	}
+}
