@@ -1,17 +1,313 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/mysql"
+	"github.com/idemq/idemq/outbox/postgres"
+	"github.com/idemq/idemq/outbox/sqlite"
 )
 
+// Environment variables of the relay command.
+const (
+	envOutboxDB   = "IDEMQ_OUTBOX_DB_URL" // any dialect; wins over the two below
+	envPostgreURL = "IDEMQ_POSTGRES_URL"
+	envMySQLURL   = "IDEMQ_MYSQL_URL"
+)
+
+type relayFlags struct {
+	db, dialect, amqp, table   string
+	batch, maxAttempts         int
+	concurrency                int
+	lease, publishTimeout      time.Duration
+	poll, maxPoll              time.Duration
+	retention, purgeInterval   time.Duration
+	statsInterval, logInterval time.Duration
+	noNotify, ordered          bool
+	noMigrate                  bool
+	logLevel, logFormat        string
+}
+
 func newRelayCmd() *cobra.Command {
-	return &cobra.Command{
+	var f relayFlags
+	cmd := &cobra.Command{
 		Use:   "relay",
-		Short: "relay (not implemented yet)",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("relay: not implemented yet")
-		},
+		Short: "Publish committed transactional-outbox rows with confirms",
+		Long: `relay runs the outbox relay as a daemon: it claims committed rows of the
+outbox table, publishes each with publisher confirms, marks it sent after its
+confirm, marks unroutable or repeatedly failing rows failed with the reason,
+and purges sent rows after the retention. Several relays may share one
+PostgreSQL or MySQL/MariaDB table (FOR UPDATE SKIP LOCKED); run one per SQLite
+file. SIGTERM or SIGINT stops it after the batch in flight is published and
+marked; it then exits 0.
+
+--db takes postgres://… (LISTEN/NOTIFY wakes the relay at once), mysql://…
+(either a go-sql-driver DSN after the scheme, mysql://user:pass@tcp(host:3306)/db,
+or a URL, mysql://user:pass@host:3306/db), or a SQLite path (sqlite://path or
+file:path or a plain path). --dialect overrides the guess, e.g. for a bare
+go-sql-driver DSN. Without --db: IDEMQ_OUTBOX_DB_URL, else IDEMQ_MYSQL_URL for
+--dialect mysql, else IDEMQ_POSTGRES_URL. Without --amqp: IDEMQ_AMQP_URL.`,
+		Args: cobra.NoArgs,
+		RunE: wrapRunE(func(cmd *cobra.Command, _ []string) error { return runRelay(cmd, f) }),
 	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.db, "db", "", "database URL or DSN (default $IDEMQ_OUTBOX_DB_URL, $IDEMQ_POSTGRES_URL)")
+	fl.StringVar(&f.dialect, "dialect", "", "postgres, mysql or sqlite (default: from --db)")
+	fl.StringVar(&f.amqp, "amqp", "", "AMQP URL (default $IDEMQ_AMQP_URL)")
+	fl.StringVar(&f.table, "table", outbox.DefaultTable, "outbox table")
+	fl.IntVar(&f.batch, "batch", 256, "rows claimed and published concurrently per batch")
+	fl.IntVar(&f.concurrency, "concurrency", 4, "batches in flight at once")
+	fl.DurationVar(&f.lease, "lease", 60*time.Second, "claim lease; a crashed relay's rows are resent after it")
+	fl.DurationVar(&f.publishTimeout, "publish-timeout", 0, "bound on one publish (default lease/3)")
+	fl.DurationVar(&f.poll, "poll", 50*time.Millisecond, "first idle poll interval")
+	fl.DurationVar(&f.maxPoll, "max-poll", time.Second, "longest idle poll interval (the fallback with LISTEN/NOTIFY)")
+	fl.BoolVar(&f.noNotify, "no-notify", false, "PostgreSQL: poll only, no LISTEN/NOTIFY")
+	fl.BoolVar(&f.noMigrate, "no-migrate", false, "do not create/upgrade the outbox table")
+	fl.BoolVar(&f.ordered, "ordered", false, "publish the messages of one ordering key one at a time, in order")
+	fl.IntVar(&f.maxAttempts, "max-attempts", 10, "attempts before a row is marked failed")
+	fl.DurationVar(&f.retention, "retention", 24*time.Hour, "keep sent rows this long (negative: forever)")
+	fl.DurationVar(&f.purgeInterval, "purge-interval", time.Minute, "interval between purges")
+	fl.DurationVar(&f.statsInterval, "stats-interval", 5*time.Second, "interval between lag refreshes")
+	fl.DurationVar(&f.logInterval, "log-interval", time.Minute, "interval between counter log lines (0: only at exit)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", "json", "json or text")
+	return cmd
+}
+
+// relayDB is a resolved --db.
+type relayDB struct {
+	dialect string // postgres, mysql, sqlite
+	dsn     string // what the dialect's Open takes
+}
+
+// redacted is the DSN with its password hidden, for logs.
+func (d relayDB) redacted() string {
+	if d.dialect == "mysql" {
+		if c, err := gomysql.ParseDSN(d.dsn); err == nil {
+			if c.Passwd != "" {
+				c.Passwd = "xxxxx"
+			}
+			return c.FormatDSN()
+		}
+		return "(unparseable DSN)"
+	}
+	return redactURL(d.dsn)
+}
+
+// resolveDB picks the dialect and DSN from --db, --dialect and the env.
+func resolveDB(db, dialect string, getenv func(string) string) (relayDB, error) {
+	dialect = strings.ToLower(dialect)
+	switch dialect {
+	case "", "postgres", "mysql", "sqlite":
+	case "postgresql", "pg":
+		dialect = "postgres"
+	case "mariadb":
+		dialect = "mysql"
+	case "sqlite3":
+		dialect = "sqlite"
+	default:
+		return relayDB{}, fmt.Errorf("--dialect %q: want postgres, mysql or sqlite", dialect)
+	}
+	if db == "" {
+		db = getenv(envOutboxDB)
+	}
+	if db == "" {
+		switch dialect {
+		case "mysql":
+			db = getenv(envMySQLURL)
+		case "sqlite":
+		default:
+			db = getenv(envPostgreURL)
+		}
+	}
+	if db == "" {
+		return relayDB{}, errors.New("no database: set --db (or IDEMQ_OUTBOX_DB_URL / IDEMQ_POSTGRES_URL)")
+	}
+	lower := strings.ToLower(db)
+	if dialect == "" {
+		switch {
+		case strings.HasPrefix(lower, "postgres://"), strings.HasPrefix(lower, "postgresql://"):
+			dialect = "postgres"
+		case strings.HasPrefix(lower, "mysql://"), strings.HasPrefix(lower, "mariadb://"),
+			strings.Contains(db, "@tcp("), strings.Contains(db, "@unix("):
+			dialect = "mysql"
+		case strings.HasPrefix(lower, "sqlite://"), strings.HasPrefix(lower, "sqlite3://"), strings.HasPrefix(lower, "file:"),
+			!strings.Contains(db, "://"):
+			dialect = "sqlite"
+		default:
+			return relayDB{}, fmt.Errorf("--db %s: cannot tell the dialect; set --dialect", redactURL(db))
+		}
+	}
+	switch dialect {
+	case "postgres":
+		return relayDB{dialect, db}, nil
+	case "sqlite":
+		for _, p := range []string{"sqlite://", "sqlite3://"} {
+			if strings.HasPrefix(lower, p) {
+				db = db[len(p):]
+			}
+		}
+		if db == "" {
+			return relayDB{}, errors.New("--db: empty SQLite path")
+		}
+		return relayDB{dialect, db}, nil
+	}
+	dsn, err := mysqlDSN(db)
+	if err != nil {
+		return relayDB{}, err
+	}
+	return relayDB{"mysql", dsn}, nil
+}
+
+// mysqlDSN accepts a go-sql-driver DSN with or without a mysql:// scheme, or
+// a mysql://user:pass@host:port/db?params URL.
+func mysqlDSN(s string) (string, error) {
+	rest := s
+	for _, p := range []string{"mysql://", "mariadb://"} {
+		if strings.HasPrefix(strings.ToLower(rest), p) {
+			rest = rest[len(p):]
+			break
+		}
+	}
+	if strings.Contains(rest, "@tcp(") || strings.Contains(rest, "@unix(") || !strings.Contains(s, "://") {
+		if _, err := gomysql.ParseDSN(rest); err != nil {
+			return "", fmt.Errorf("--db: MySQL DSN: %w", err)
+		}
+		return rest, nil
+	}
+	u, err := url.Parse("mysql://" + rest)
+	if err != nil {
+		return "", fmt.Errorf("--db: MySQL URL: %w", redactErr(err))
+	}
+	c := gomysql.NewConfig()
+	c.Net = "tcp"
+	c.Addr = u.Host
+	if u.Port() == "" {
+		c.Addr = u.Hostname() + ":3306"
+	}
+	if u.User != nil {
+		c.User = u.User.Username()
+		c.Passwd, _ = u.User.Password()
+	}
+	c.DBName = strings.TrimPrefix(u.Path, "/")
+	dsn := c.FormatDSN()
+	if u.RawQuery != "" {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		dsn += sep + u.RawQuery
+	}
+	if _, err := gomysql.ParseDSN(dsn); err != nil {
+		return "", fmt.Errorf("--db: MySQL URL: %w", err)
+	}
+	return dsn, nil
+}
+
+type closingStore interface {
+	outbox.Store
+	Close() error
+}
+
+func openStore(d relayDB, table string) (closingStore, error) {
+	switch d.dialect {
+	case "postgres":
+		return postgres.Open(d.dsn, postgres.Config{Table: table})
+	case "mysql":
+		return mysql.Open(d.dsn, mysql.Config{Table: table})
+	default:
+		return sqlite.Open(d.dsn, sqlite.Config{Table: table})
+	}
+}
+
+func relayLogger(cmd *cobra.Command, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	w := redactWriter{cmd.ErrOrStderr()}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}
+
+func runRelay(cmd *cobra.Command, f relayFlags) error {
+	log, err := relayLogger(cmd, f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+	d, err := resolveDB(f.db, f.dialect, os.Getenv)
+	if err != nil {
+		return err
+	}
+	amqpU := amqpURL(f.amqp)
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	store, err := openStore(d, f.table)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	var counters idemq.Counters
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log})
+	defer pub.Close()
+	relay := outbox.NewRelay(outbox.RelayConfig{
+		Store: store, Publisher: pub, BatchSize: f.batch, Concurrency: f.concurrency, Lease: f.lease, PublishTimeout: f.publishTimeout,
+		PollInterval: f.poll, MaxPollInterval: f.maxPoll, DisableNotify: f.noNotify, Ordered: f.ordered,
+		MaxAttempts: f.maxAttempts, Retention: f.retention, PurgeInterval: f.purgeInterval,
+		StatsInterval: f.statsInterval, SkipMigrate: f.noMigrate, Recorder: &counters, Logger: log,
+	})
+	log.Info("idemq relay starting", "dialect", d.dialect, "db", d.redacted(), "amqp", redactURL(amqpU),
+		"table", f.table, "owner", relay.Owner())
+
+	logCounters := func(msg string) {
+		log.Info(msg,
+			"published", counters.Get(outbox.CountRelayPublished),
+			"failed", counters.Get(outbox.CountRelayFailed),
+			"retried", counters.Get(outbox.CountRelayRetried),
+			"purged", counters.Get(outbox.CountRelayPurged),
+			"store_errors", counters.Get(outbox.CountRelayErrors),
+			"pending", relay.Pending(),
+			"lag_ms", relay.Lag().Milliseconds())
+	}
+	if f.logInterval > 0 {
+		tick := time.NewTicker(f.logInterval)
+		defer tick.Stop()
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			for {
+				select {
+				case <-lctx.Done():
+					return
+				case <-tick.C:
+					logCounters("idemq relay counters")
+				}
+			}
+		}()
+	}
+	if err := relay.Run(ctx); err != nil {
+		return err
+	}
+	logCounters("idemq relay drained and stopped")
+	return nil
 }

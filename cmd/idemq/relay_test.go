@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/outbox/postgres"
+	"github.com/idemq/idemq/outbox/sqlite"
+)
+
+func TestResolveDB(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	cases := []struct {
+		db, dialect string
+		env         map[string]string
+		want        relayDB
+		wantErr     bool
+	}{
+		{db: "postgres://u:p@h/db", want: relayDB{"postgres", "postgres://u:p@h/db"}},
+		{db: "postgresql://h/db", want: relayDB{"postgres", "postgresql://h/db"}},
+		{db: "mysql://u:p@tcp(127.0.0.1:3306)/app?parseTime=true", want: relayDB{"mysql", "u:p@tcp(127.0.0.1:3306)/app?parseTime=true"}},
+		{db: "mysql://u:p@db.local/app", want: relayDB{"mysql", "u:p@tcp(db.local:3306)/app"}},
+		{db: "mysql://u:p@db.local:3307/app?timeout=5s", want: relayDB{"mysql", "u:p@tcp(db.local:3307)/app?timeout=5s"}},
+		{db: "u:p@tcp(h:3306)/app", want: relayDB{"mysql", "u:p@tcp(h:3306)/app"}},
+		{db: "u:p@/app", dialect: "mariadb", want: relayDB{"mysql", "u:p@/app"}},
+		{db: "/var/lib/app.db", want: relayDB{"sqlite", "/var/lib/app.db"}},
+		{db: "sqlite:///var/lib/app.db", want: relayDB{"sqlite", "/var/lib/app.db"}},
+		{db: "file:app.db?_pragma=busy_timeout(1)", want: relayDB{"sqlite", "file:app.db?_pragma=busy_timeout(1)"}},
+		{env: map[string]string{envPostgreURL: "postgres://e/db"}, want: relayDB{"postgres", "postgres://e/db"}},
+		{dialect: "mysql", env: map[string]string{envPostgreURL: "postgres://e/db", envMySQLURL: "u:p@tcp(m:3306)/x"}, want: relayDB{"mysql", "u:p@tcp(m:3306)/x"}},
+		{env: map[string]string{envOutboxDB: "/tmp/x.db", envPostgreURL: "postgres://e/db"}, want: relayDB{"sqlite", "/tmp/x.db"}},
+		{wantErr: true},
+		{db: "redis://h/0", wantErr: true},
+		{db: "x", dialect: "oracle", wantErr: true},
+	}
+	for _, c := range cases {
+		t.Run(c.db+"|"+c.dialect, func(t *testing.T) {
+			env = c.env
+			got, err := resolveDB(c.db, c.dialect, getenv)
+			if (err != nil) != c.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, c.wantErr)
+			}
+			if err == nil && got != c.want {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
+	}
+	if r := (relayDB{"mysql", "u:secret@tcp(h:3306)/app"}).redacted(); strings.Contains(r, "secret") {
+		t.Fatalf("redacted mysql DSN %q shows the password", r)
+	}
+	if r := (relayDB{"postgres", "postgres://u:secret@h/app"}).redacted(); strings.Contains(r, "secret") {
+		t.Fatalf("redacted postgres URL %q shows the password", r)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the relay's concurrent log writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRelayCommandSQLite runs the command in process against SQLite and
+// stops it by cancelling its context, as main's signal context does.
+func TestRelayCommandSQLite(t *testing.T) {
+	amqpURL := testenv.RequireAMQP(t)
+	path := testenv.SQLitePath(t)
+	q := testenv.Queue(t, nil)
+	store, err := sqlite.Open(path, sqlite.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := store.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"cli-1", "cli-2", "cli-3"} {
+		if err := store.Add(ctx, tx, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := newRootCmd()
+	var logs syncBuffer
+	cmd.SetErr(&logs)
+	cmd.SetOut(&logs)
+	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", amqpURL, "--log-format", "json"})
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(rctx) }()
+	var got []string
+	testenv.Eventually(t, 30*time.Second, "three messages relayed", func() bool {
+		for _, d := range testenv.Drain(t, q) {
+			got = append(got, d.MessageId)
+		}
+		return len(got) >= 3
+	})
+	rcancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("relay command: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay command did not stop after its context was cancelled")
+	}
+	if len(got) != 3 {
+		t.Fatalf("consumed %v", got)
+	}
+	var sawStop bool
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", line)
+		}
+		if m["msg"] == "idemq relay drained and stopped" {
+			sawStop = true
+			if m["published"] != float64(3) {
+				t.Errorf("final counters: %v", m)
+			}
+		}
+	}
+	if !sawStop {
+		t.Fatalf("no final counters line:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "guest:guest") {
+		t.Fatalf("password in logs:\n%s", logs.String())
+	}
+}
+
+// TestHelperRelayMain is the child of TestRelayCommandSIGTERM: main's own
+// signal handling around the relay command.
+func TestHelperRelayMain(t *testing.T) {
+	args := os.Getenv("IDEMQ_TEST_RELAY_MAIN_ARGS")
+	if args == "" {
+		t.Skip("helper process for TestRelayCommandSIGTERM")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd := newRootCmd()
+	cmd.SetArgs(strings.Split(args, "\x1f"))
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		os.Stderr.WriteString("idemq: " + err.Error() + "\n")
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// TestRelayCommandSIGTERM runs `idemq relay` on PostgreSQL in a child
+// process, checks it relays (woken by NOTIFY) and exits 0 on SIGTERM, with a
+// password-free log.
+func TestRelayCommandSIGTERM(t *testing.T) {
+	testenv.RequireAMQP(t)
+	dsn := testenv.PostgresDB(t)
+	q := testenv.Queue(t, nil)
+	store, err := postgres.Open(dsn, postgres.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	args := []string{"relay", "--db", dsn, "--max-poll", "1m", "--poll", "1m", "--log-format", "text"}
+	child := exec.Command(os.Args[0], "-test.run=^TestHelperRelayMain$")
+	// The AMQP URL comes from the environment, with a password to redact.
+	child.Env = testenv.Env("IDEMQ_TEST_RELAY_MAIN_ARGS=" + strings.Join(args, "\x1f"))
+	var logs syncBuffer
+	child.Stdout, child.Stderr = &logs, &logs
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	testenv.Eventually(t, 30*time.Second, "relay started", func() bool {
+		return strings.Contains(logs.String(), "outbox relay started")
+	})
+	tx, err := store.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Add(ctx, tx, outbox.Message{ID: "sigterm-1", RoutingKey: q, Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	testenv.Eventually(t, 30*time.Second, "message relayed (NOTIFY; polling is a minute away)", func() bool {
+		for _, d := range testenv.Drain(t, q) {
+			got = append(got, d.MessageId)
+		}
+		return len(got) > 0
+	})
+	if err := child.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- child.Wait() }()
+	select {
+	case err := <-waited:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) || err != nil {
+			t.Fatalf("relay exited with %v after SIGTERM, want 0\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("relay did not exit after SIGTERM\n%s", logs.String())
+	}
+	out := logs.String()
+	if !strings.Contains(out, "drained and stopped") {
+		t.Fatalf("no final log line:\n%s", out)
+	}
+	if strings.Contains(out, "guest:guest@") {
+		t.Fatalf("password in logs:\n%s", out)
+	}
+	if len(got) != 1 || got[0] != "sigterm-1" {
+		t.Fatalf("consumed %v", got)
+	}
+}

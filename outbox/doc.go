@@ -1,0 +1,69 @@
+// Package outbox is the transactional outbox: a message is published if and
+// only if the business transaction that added it commits.
+//
+// Add writes the message into an outbox table inside the caller's own
+// transaction. A [Relay] picks committed rows, publishes each with publisher
+// confirms through an [idemq.Publisher], and marks a row sent only after its
+// confirm. Several relays share the work with FOR UPDATE SKIP LOCKED.
+//
+// This package imports no database driver. The dialects live in their own
+// packages so that a PostgreSQL user never compiles MySQL's or SQLite's
+// driver:
+//
+//	outbox/postgres  PostgreSQL (database/sql via pgx/v5/stdlib, or a pgx.Tx), LISTEN/NOTIFY
+//	outbox/mysql     MySQL 8 / MariaDB >= 10.6
+//	outbox/sqlite    SQLite (modernc.org/sqlite), one relay
+//
+// Usage:
+//
+//	store, _ := postgres.Open(dbURL, postgres.Config{})
+//	_ = store.Migrate(ctx)
+//	tx, _ := db.BeginTx(ctx, nil)
+//	// ... business writes ...
+//	_ = store.Add(ctx, tx, outbox.Message{ID: "order-42-created", RoutingKey: "orders", Body: b})
+//	_ = tx.Commit()
+//
+//	relay := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: idemq.NewPublisher(...)})
+//	err := relay.Run(ctx) // until ctx is done; drains the batch in flight
+//
+// # Claiming: a lease, not a held lock
+//
+// The relay claims a batch in one short transaction: it selects pending rows
+// with FOR UPDATE SKIP LOCKED, stamps them with its owner and a lease
+// (locked_until = now + Lease), increments attempts, and commits. It then
+// publishes without holding any database lock or transaction, and marks the
+// confirmed rows sent in a second short statement. Claimed rows whose lease
+// has expired are claimable again.
+//
+// Crash behaviour: a relay killed after a confirm but before its mark leaves
+// the row pending with its lease; once the lease expires another relay (or
+// the restarted one) publishes it again with the same message ID, which the
+// consumer's dedup guard suppresses. That is the only way a row is published
+// twice. A relay killed before a confirm loses nothing: the row is still
+// pending. Since each claim counts an attempt, a row that crashes relays over
+// and over ends as failed after MaxAttempts rather than looping forever.
+//
+// Holding the row locks during publishing (the alternative) would free rows at
+// once on a crash, but would keep a transaction and a connection open per
+// relay for the whole publish; the lease keeps transactions short on every
+// dialect, MySQL included.
+//
+// # Ordering
+//
+// With RelayConfig.Ordered, a row that has an ordering key is claimable only
+// when no earlier (smaller id) pending row has the same key, so the messages of
+// one key are published one at a time, in id order; rows without a key are not
+// held back. Ids are assigned at insert, so when two transactions add
+// messages for one key concurrently, the order is insert order among
+// committed rows: serialise writers of one key (they usually lock the
+// aggregate row anyway) for strict commit order. A row marked failed no longer
+// blocks its key.
+//
+// # Failures
+//
+// An unroutable message (the broker returned it: no queue bound) is marked
+// failed at once with the reason. Any other publish error releases the row
+// with a delay (RetryBackoff) and last_error set; after MaxAttempts it is marked
+// failed. Failed rows never block other rows (beyond their own ordering key
+// while still pending). Sent rows are purged after Retention, in batches.
+package outbox

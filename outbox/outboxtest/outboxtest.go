@@ -1,0 +1,755 @@
+// Package outboxtest is the conformance suite every outbox SQL dialect runs,
+// against real databases and a real RabbitMQ:
+//
+//	var suite = outboxtest.Suite{
+//		NewDB: testenv.PostgresDB,
+//		Open:  func(t testing.TB, dsn, table string) (outbox.Store, *sql.DB) { … },
+//	}
+//
+//	func TestConformance(t *testing.T)         { outboxtest.Run(t, suite) }
+//	func TestHelperRelayProcess(t *testing.T) { outboxtest.HelperProcess(t, suite) }
+//
+// TestHelperRelayProcess is the child the crash cases re-execute (the test
+// binary, -test.run=^TestHelperRelayProcess$): it runs a relay that SIGKILLs
+// itself at a chosen point. Without the helper environment it skips.
+package outboxtest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/outbox"
+)
+
+// Suite describes the dialect under test.
+type Suite struct {
+	// NewDB returns the DSN (URL, path) of a fresh database for this test.
+	NewDB func(t testing.TB) string
+	// Open returns a store for table in dsn and the pool to begin
+	// transactions on; both are closed by the caller's cleanup (Open should
+	// register it).
+	Open func(t testing.TB, dsn, table string) (outbox.Store, *sql.DB)
+	// SingleRelay: the dialect supports one relay only (SQLite).
+	SingleRelay bool
+}
+
+// Environment of the helper child process.
+const (
+	envHelper  = "IDEMQ_OUTBOX_HELPER"       // "1" in the child
+	envDSN     = "IDEMQ_OUTBOX_HELPER_DSN"   // database
+	envTable   = "IDEMQ_OUTBOX_HELPER_TABLE" // table
+	envKill    = "IDEMQ_OUTBOX_TEST_KILL"    // "before-mark" or "after-confirms:N"
+	envBatch   = "IDEMQ_OUTBOX_HELPER_BATCH" // batch size
+	childLease = 4 * time.Second
+
+	childBatch       = 50
+	childConcurrency = 2
+)
+
+// Run runs every conformance case as a subtest.
+func Run(t *testing.T, s Suite) {
+	if s.NewDB == nil || s.Open == nil {
+		t.Fatal("outboxtest: Suite.NewDB and Suite.Open are required")
+	}
+	cases := []struct {
+		name  string
+		fn    func(*testing.T, Suite)
+		multi bool
+	}{
+		{"MigrateIsIdempotentAndConcurrent", migrateTwice, false},
+		{"AddRejectsBadMessages", addRejects, false},
+		{"RollbackIsNeverPublished", rollbackNever, false},
+		{"CommitIsPublishedAndConsumed", commitPublished, false},
+		{"KilledBetweenConfirmAndMarkResendsSameID", killBeforeMark, false},
+		{"KilledMidBatchLosesNothing", killMidBatch, false},
+		{"ThreeRelaysShareTheWork", threeRelays, true},
+		{"OrderingPerKey", orderingPerKey, false},
+		{"UnroutableAndFailingRowsDoNotBlock", unroutable, false},
+		{"SentRowsArePurged", purged, false},
+		{"LagIsReported", lagReported, false},
+		{"ShutdownDrainsTheBatch", shutdownDrains, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.multi && s.SingleRelay {
+				t.Skip("this dialect runs one relay only")
+			}
+			c.fn(t, s)
+		})
+	}
+}
+
+func tctx(t testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+type env struct {
+	t     *testing.T
+	s     Suite
+	dsn   string
+	table string
+	store outbox.Store
+	db    *sql.DB
+	queue string
+}
+
+func setup(t *testing.T, s Suite) *env {
+	testenv.RequireAMQP(t)
+	e := &env{t: t, s: s, dsn: s.NewDB(t), table: "outbox_" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)}
+	e.store, e.db = s.Open(t, e.dsn, e.table)
+	if err := e.store.Migrate(tctx(t)); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	e.queue = testenv.Queue(t, nil)
+	return e
+}
+
+func (e *env) msg(id string) outbox.Message {
+	return outbox.Message{ID: id, RoutingKey: e.queue, Body: []byte("body-" + id), ContentType: "text/plain"}
+}
+
+// add commits msgs in one transaction.
+func (e *env) add(msgs ...outbox.Message) {
+	e.t.Helper()
+	ctx := tctx(e.t)
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.store.Add(ctx, tx, msgs...); err != nil {
+		tx.Rollback()
+		e.t.Fatalf("add: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		e.t.Fatalf("commit: %v", err)
+	}
+}
+
+func (e *env) addN(prefix string, n, perTx int) []string {
+	var ids []string
+	for i := 0; i < n; i += perTx {
+		var batch []outbox.Message
+		for j := i; j < i+perTx && j < n; j++ {
+			id := fmt.Sprintf("%s-%04d", prefix, j)
+			ids = append(ids, id)
+			batch = append(batch, e.msg(id))
+		}
+		e.add(batch...)
+	}
+	return ids
+}
+
+type relayOpt func(*outbox.RelayConfig)
+
+// relay starts an in-process relay with its own store and publisher; it is
+// stopped at cleanup (or by the returned stop, which waits for Run).
+func (e *env) relay(opts ...relayOpt) (*outbox.Relay, func()) {
+	e.t.Helper()
+	store, _ := e.s.Open(e.t, e.dsn, e.table)
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
+	cfg := outbox.RelayConfig{
+		Store: store, Publisher: pub, BatchSize: 50, Lease: childLease, PublishTimeout: 20 * time.Second,
+		PollInterval: 10 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond,
+		RetryBackoff: backoff.Policy{Min: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		Logger:       slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.Lease < cfg.PublishTimeout {
+		cfg.Lease = 3 * cfg.PublishTimeout // never lose a lease mid-publish in tests that do not crash
+	}
+	r := outbox.NewRelay(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("relay.Run: %v", err)
+				}
+			case <-time.After(60 * time.Second):
+				e.t.Errorf("relay did not stop within 60s")
+			}
+			pub.Close()
+		})
+	}
+	e.t.Cleanup(stop)
+	return r, stop
+}
+
+// consumer accumulates deliveries from the test queue.
+type consumer struct {
+	mu   sync.Mutex
+	got  []amqp.Delivery
+	byID map[string]int
+}
+
+func (e *env) consume() *consumer {
+	c := &consumer{byID: map[string]int{}}
+	ch := testenv.Channel(e.t)
+	dels, err := ch.Consume(e.queue, "", false, true, false, false, nil)
+	if err != nil {
+		e.t.Fatalf("consume: %v", err)
+	}
+	go func() {
+		for d := range dels {
+			c.mu.Lock()
+			c.got = append(c.got, d)
+			c.byID[d.MessageId]++
+			c.mu.Unlock()
+			_ = d.Ack(false)
+		}
+	}()
+	return c
+}
+
+func (c *consumer) count(id string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.byID[id]
+}
+
+func (c *consumer) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.got)
+}
+
+func (c *consumer) snapshot() []amqp.Delivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]amqp.Delivery(nil), c.got...)
+}
+
+func (c *consumer) hasAll(ids []string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if c.byID[id] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *env) counts() map[outbox.State]int64 {
+	e.t.Helper()
+	m, err := e.store.Count(tctx(e.t))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return m
+}
+
+func (e *env) waitState(st outbox.State, n int64, within time.Duration) {
+	e.t.Helper()
+	testenv.Eventually(e.t, within, fmt.Sprintf("%d rows %s", n, st), func() bool {
+		m, err := e.store.Count(tctx(e.t))
+		return err == nil && m[st] == n
+	})
+}
+
+func migrateTwice(t *testing.T, s Suite) {
+	e := setup(t, s)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := 0; i < 4; i++ {
+		store, _ := s.Open(t, e.dsn, e.table+"_c")
+		wg.Go(func() { errs <- store.Migrate(tctx(t)) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate: %v", err)
+		}
+	}
+	if err := e.store.Migrate(tctx(t)); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	e.add(e.msg("m-1"))
+	if c := e.counts(); c[outbox.StatePending] != 1 {
+		t.Fatalf("counts = %v, want 1 pending", c)
+	}
+}
+
+func addRejects(t *testing.T, s Suite) {
+	e := setup(t, s)
+	ctx := tctx(t)
+	cases := []struct {
+		name string
+		msg  outbox.Message
+		is   error
+	}{
+		{"missing id", outbox.Message{RoutingKey: "x"}, idemq.ErrMissingMessageID},
+		{"control char", outbox.Message{ID: "a\nb"}, idemq.ErrInvalidMessageID},
+		{"too long", outbox.Message{ID: strings.Repeat("x", 256)}, idemq.ErrInvalidMessageID},
+		{"routing key too long", outbox.Message{ID: "ok", RoutingKey: strings.Repeat("k", 256)}, outbox.ErrInvalidMessage},
+		{"bad header", outbox.Message{ID: "ok", Headers: amqp.Table{"t": time.Now()}}, outbox.ErrInvalidMessage},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := e.db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback()
+			err = e.store.Add(ctx, tx, c.msg)
+			if !errors.Is(err, c.is) {
+				t.Fatalf("Add = %v, want errors.Is %v", err, c.is)
+			}
+		})
+	}
+	if c := e.counts(); len(c) != 0 && c[outbox.StatePending] != 0 {
+		t.Fatalf("rows after rejected adds: %v", c)
+	}
+}
+
+func rollbackNever(t *testing.T, s Suite) {
+	e := setup(t, s)
+	ctx := tctx(t)
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.Add(ctx, tx, e.msg("rolled-back")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	c := e.consume()
+	e.relay()
+	e.add(e.msg("marker")) // committed after the rollback
+	testenv.Eventually(t, 30*time.Second, "marker consumed", func() bool { return c.count("marker") == 1 })
+	e.waitState(outbox.StateSent, 1, 30*time.Second)
+	if n := c.count("rolled-back"); n != 0 {
+		t.Fatalf("rolled-back message was published %d times", n)
+	}
+	if m := e.counts(); m[outbox.StatePending]+m[outbox.StateFailed] != 0 {
+		t.Fatalf("counts = %v, want only the marker, sent", m)
+	}
+}
+
+func commitPublished(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	var rec idemq.Counters
+	e.relay(func(c *outbox.RelayConfig) { c.Recorder = &rec })
+	var ids []string
+	for i := 0; i < 20; i++ {
+		m := e.msg(fmt.Sprintf("order-%d", i))
+		m.Headers = amqp.Table{"n": int64(i), "s": "x", "f": 1.5, "nested": amqp.Table{"b": true}}
+		m.ContentType = "application/json"
+		m.Body = []byte(fmt.Sprintf(`{"n":%d}`, i))
+		e.add(m)
+		ids = append(ids, m.ID)
+	}
+	testenv.Eventually(t, 30*time.Second, "all 20 consumed", func() bool { return c.hasAll(ids) })
+	e.waitState(outbox.StateSent, 20, 30*time.Second)
+	for _, d := range c.snapshot() {
+		var n int
+		if _, err := fmt.Sscanf(d.MessageId, "order-%d", &n); err != nil {
+			t.Fatalf("unexpected message %q", d.MessageId)
+		}
+		if string(d.Body) != fmt.Sprintf(`{"n":%d}`, n) || d.ContentType != "application/json" {
+			t.Errorf("%s: body %q content type %q", d.MessageId, d.Body, d.ContentType)
+		}
+		if d.Headers["n"] != int64(n) || d.Headers["s"] != "x" || d.Headers["f"] != 1.5 {
+			t.Errorf("%s: headers %#v", d.MessageId, d.Headers)
+		}
+		if nt, ok := d.Headers["nested"].(amqp.Table); !ok || nt["b"] != true {
+			t.Errorf("%s: nested header %#v", d.MessageId, d.Headers["nested"])
+		}
+		if d.DeliveryMode != amqp.Persistent {
+			t.Errorf("%s: not persistent", d.MessageId)
+		}
+	}
+	if c.total() != 20 {
+		t.Fatalf("consumed %d deliveries, want 20 (no duplicates without a crash)", c.total())
+	}
+	testenv.Eventually(t, 10*time.Second, "published counter", func() bool { return rec.Get(outbox.CountRelayPublished) == 20 })
+}
+
+// child runs the helper relay process with the given kill mode and waits
+// for it to die.
+func (e *env) child(kill string, batch int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperRelayProcess$", "-test.v")
+	cmd.Env = testenv.Env(envHelper+"=1", envDSN+"="+e.dsn, envTable+"="+e.table, envKill+"="+kill,
+		envBatch+"="+strconv.Itoa(batch))
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		e.t.Fatalf("helper relay: want it killed, got err=%v\n%s", err, out)
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		e.t.Fatalf("helper relay did not die by SIGKILL: %v\n%s", err, out)
+	}
+}
+
+// HelperProcess is the body of TestHelperRelayProcess: in the child (the
+// helper environment set) it relays until its kill hook SIGKILLs it.
+func HelperProcess(t *testing.T, s Suite) {
+	if os.Getenv(envHelper) != "1" {
+		t.Skip("helper process for the outbox crash tests")
+	}
+	store, _ := s.Open(t, os.Getenv(envDSN), os.Getenv(envTable))
+	batch, _ := strconv.Atoi(os.Getenv(envBatch))
+	die := func() {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // never return into the relay
+	}
+	var hooks outbox.Hooks
+	kill := os.Getenv(envKill)
+	switch {
+	case kill == "before-mark":
+		hooks.BeforeMark = func([]outbox.Row) { die() }
+	case strings.HasPrefix(kill, "after-confirms:"):
+		n, _ := strconv.ParseInt(strings.TrimPrefix(kill, "after-confirms:"), 10, 64)
+		var seen atomic.Int64
+		hooks.AfterConfirm = func(outbox.Row) {
+			if seen.Add(1) >= n {
+				die()
+			}
+		}
+	default:
+		t.Fatalf("unknown %s=%q", envKill, kill)
+	}
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
+	r := outbox.NewRelay(outbox.RelayConfig{
+		Store: store, Publisher: pub, BatchSize: batch, Concurrency: childConcurrency, Lease: childLease, PublishTimeout: childLease * 3 / 4,
+		PollInterval: 10 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond, Hooks: hooks,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	_ = r.Run(ctx)
+	t.Fatal("helper relay returned without being killed")
+}
+
+// dedupConsume feeds every delivery through a dedup store as the consumer's
+// guard would, returning (effects applied, duplicates suppressed).
+func dedupConsume(t *testing.T, dels []amqp.Delivery) (map[string]int, int) {
+	store := dedup.NewMemory(dedup.MemoryConfig{})
+	ctx := tctx(t)
+	effects := map[string]int{}
+	dups := 0
+	for i, d := range dels {
+		tok := strconv.Itoa(i)
+		cl, err := store.Claim(ctx, "outbox:"+d.MessageId, tok, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch cl.Result {
+		case dedup.Acquired:
+			effects[d.MessageId]++
+			if err := store.Complete(ctx, "outbox:"+d.MessageId, tok, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		case dedup.Done:
+			dups++
+		default:
+			t.Fatalf("claim %s: %v", d.MessageId, cl.Result)
+		}
+	}
+	return effects, dups
+}
+
+func killBeforeMark(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	ids := e.addN("kbm", 10, 10)
+	e.child("before-mark", 50)
+	// Every message was confirmed (the hook runs after the confirms), none
+	// is marked.
+	testenv.Eventually(t, 30*time.Second, "first copies consumed", func() bool { return c.hasAll(ids) })
+	if m := e.counts(); m[outbox.StatePending] != 10 {
+		t.Fatalf("after the crash: %v, want 10 pending", m)
+	}
+	e.relay()
+	e.waitState(outbox.StateSent, 10, 45*time.Second)
+	attempts := map[string]int{}
+	for _, r := range rowInfo(t, e.store) {
+		attempts[r.MessageID] = r.Attempts
+	}
+	testenv.Eventually(t, 30*time.Second, "resends consumed", func() bool {
+		for _, id := range ids {
+			if c.count(id) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range ids {
+		// Once by the killed relay, once more (same ID) after its lease;
+		// never more often than the row was claimed.
+		if n := c.count(id); n < 2 || n > attempts[id] {
+			t.Errorf("%s consumed %d times, claimed %d times; want 2 <= consumed <= claimed", id, n, attempts[id])
+		}
+	}
+	effects, dups := dedupConsume(t, c.snapshot())
+	if len(effects) != 10 || dups != c.total()-10 {
+		t.Fatalf("through the dedup guard: %d effects, %d duplicates of %d deliveries; want 10 effects", len(effects), dups, c.total())
+	}
+	for id, n := range effects {
+		if n != 1 {
+			t.Fatalf("%s applied %d times", id, n)
+		}
+	}
+}
+
+func killMidBatch(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	ids := e.addN("kmb", 200, 25)
+	e.child("after-confirms:20", childBatch)
+	e.relay()
+	e.waitState(outbox.StateSent, 200, 45*time.Second)
+	testenv.Eventually(t, 30*time.Second, "all 200 consumed", func() bool { return c.hasAll(ids) })
+	// Only rows the killed relay had claimed (attempts 2: its claim and the
+	// recovery's) may be published twice; at most its batches in flight.
+	attempts := map[string]int{}
+	for _, r := range rowInfo(t, e.store) {
+		attempts[r.MessageID] = r.Attempts
+	}
+	dup := 0
+	for _, id := range ids {
+		n := c.count(id)
+		if n > attempts[id] {
+			t.Errorf("%s consumed %d times but claimed only %d times", id, n, attempts[id])
+		}
+		if n > 1 {
+			dup++
+		}
+	}
+	if max := childBatch * childConcurrency; dup > max {
+		t.Fatalf("%d messages published twice, want at most the killed relay's batches in flight (%d)", dup, max)
+	}
+	effects, _ := dedupConsume(t, c.snapshot())
+	if len(effects) != 200 {
+		t.Fatalf("%d distinct effects, want 200", len(effects))
+	}
+}
+
+func threeRelays(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	var recs [3]idemq.Counters
+	for i := range recs {
+		e.relay(func(c *outbox.RelayConfig) { c.BatchSize = 20; c.Recorder = &recs[i] })
+	}
+	var ids []string
+	for k := 0; k < 6; k++ {
+		ids = append(ids, e.addN(fmt.Sprintf("three-%d", k), 50, 10)...)
+	}
+	e.waitState(outbox.StateSent, 300, 45*time.Second)
+	testenv.Eventually(t, 30*time.Second, "all 300 consumed", func() bool { return c.hasAll(ids) })
+	if c.total() != 300 {
+		t.Fatalf("consumed %d deliveries for 300 rows: a row was published twice without a crash", c.total())
+	}
+	// Each relay counts after its mark returns: wait for the last counts.
+	var sum int64
+	busy := 0
+	testenv.Eventually(t, 10*time.Second, "relays count 300 published", func() bool {
+		sum, busy = 0, 0
+		for i := range recs {
+			n := recs[i].Get(outbox.CountRelayPublished)
+			sum += n
+			if n > 0 {
+				busy++
+			}
+		}
+		return sum == 300
+	})
+	t.Logf("relays that published: %d of 3", busy)
+}
+
+func orderingPerKey(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	const keys, per = 5, 20
+	for i := 0; i < per; i++ {
+		var batch []outbox.Message
+		for k := 0; k < keys; k++ {
+			m := e.msg(fmt.Sprintf("k%d-%02d", k, i))
+			m.OrderingKey = fmt.Sprintf("key-%d", k)
+			batch = append(batch, m)
+		}
+		// One unkeyed message per round: never held back.
+		batch = append(batch, e.msg(fmt.Sprintf("free-%02d", i)))
+		e.add(batch...)
+	}
+	relays := 2
+	if s.SingleRelay {
+		relays = 1
+	}
+	for i := 0; i < relays; i++ {
+		e.relay(func(c *outbox.RelayConfig) { c.Ordered = true; c.BatchSize = 7 })
+	}
+	total := keys*per + per
+	e.waitState(outbox.StateSent, int64(total), 45*time.Second)
+	testenv.Eventually(t, 30*time.Second, "all consumed", func() bool { return c.total() >= total })
+	next := map[int]int{}
+	for _, d := range c.snapshot() {
+		var k, i int
+		if _, err := fmt.Sscanf(d.MessageId, "k%d-%d", &k, &i); err != nil {
+			continue
+		}
+		if i != next[k] {
+			t.Fatalf("key %d: got sequence %d, want %d (order broken)", k, i, next[k])
+		}
+		next[k]++
+	}
+	for k := 0; k < keys; k++ {
+		if next[k] != per {
+			t.Fatalf("key %d: %d messages in order, want %d", k, next[k], per)
+		}
+	}
+}
+
+// failingPublisher fails every publish of one message ID (a stand-in for a
+// message the broker keeps refusing); the rest go to the real publisher.
+type failingPublisher struct {
+	outbox.Publisher
+	id string
+}
+
+func (f failingPublisher) Publish(ctx context.Context, m idemq.Message) error {
+	if m.ID == f.id {
+		return errors.New("injected publish failure")
+	}
+	return f.Publisher.Publish(ctx, m)
+}
+
+func unroutable(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	lost := e.msg("unroutable-1")
+	lost.RoutingKey = "no-queue-" + e.queue
+	e.add(lost)
+	e.add(e.msg("keeps-failing"))
+	ids := e.addN("ok", 10, 5)
+	var rec idemq.Counters
+	e.relay(func(cfg *outbox.RelayConfig) {
+		cfg.Recorder = &rec
+		cfg.MaxAttempts = 3
+		cfg.Publisher = failingPublisher{Publisher: cfg.Publisher, id: "keeps-failing"}
+	})
+	testenv.Eventually(t, 30*time.Second, "routable messages consumed", func() bool { return c.hasAll(ids) })
+	e.waitState(outbox.StateFailed, 2, 45*time.Second)
+	e.waitState(outbox.StateSent, 10, 30*time.Second)
+	info := rowInfo(t, e.store)
+	for _, r := range info {
+		switch r.MessageID {
+		case "unroutable-1":
+			if r.State != outbox.StateFailed || !strings.Contains(r.LastError, "unroutable") || r.Attempts != 1 {
+				t.Errorf("unroutable row: %+v", r)
+			}
+		case "keeps-failing":
+			if r.State != outbox.StateFailed || !strings.Contains(r.LastError, "max-attempts") ||
+				!strings.Contains(r.LastError, "injected") || r.Attempts != 3 {
+				t.Errorf("failing row: %+v", r)
+			}
+		}
+	}
+	if got := rec.Get(outbox.CountRelayFailed); got != 2 {
+		t.Errorf("failed counter = %d, want 2", got)
+	}
+}
+
+func rowInfo(t *testing.T, s outbox.Store) []outbox.RowInfo {
+	t.Helper()
+	l, ok := s.(interface {
+		Rows(context.Context) ([]outbox.RowInfo, error)
+	})
+	if !ok {
+		t.Fatalf("store %T does not list rows", s)
+	}
+	rows, err := l.Rows(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+func purged(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	ids := e.addN("purge", 30, 10)
+	var rec idemq.Counters
+	e.relay(func(cfg *outbox.RelayConfig) {
+		cfg.Retention = 50 * time.Millisecond
+		cfg.PurgeInterval = 100 * time.Millisecond
+		cfg.PurgeBatch = 7 // several batches
+		cfg.Recorder = &rec
+	})
+	testenv.Eventually(t, 30*time.Second, "all consumed", func() bool { return c.hasAll(ids) })
+	testenv.Eventually(t, 30*time.Second, "sent rows purged", func() bool {
+		m, err := e.store.Count(tctx(t))
+		return err == nil && m[outbox.StateSent] == 0 && m[outbox.StatePending] == 0
+	})
+	if n := rec.Get(outbox.CountRelayPurged); n != 30 {
+		t.Fatalf("purged counter = %d, want 30", n)
+	}
+}
+
+func lagReported(t *testing.T, s Suite) {
+	e := setup(t, s)
+	e.addN("lag", 5, 5)
+	testenv.Eventually(t, 30*time.Second, "lag > 0", func() bool {
+		st, err := e.store.Stats(tctx(t))
+		return err == nil && st.Pending == 5 && st.Lag > 0
+	})
+	// The relay's lag and pending gauges come down to zero once the
+	// backlog is gone.
+	var rec idemq.Counters
+	r, _ := e.relay(func(cfg *outbox.RelayConfig) { cfg.Recorder = &rec; cfg.StatsInterval = 50 * time.Millisecond })
+	e.waitState(outbox.StateSent, 5, 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, "lag back to 0", func() bool {
+		return r.Lag() == 0 && r.Pending() == 0 && rec.Get(outbox.GaugePending) == 0
+	})
+}
+
+func shutdownDrains(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	ids := e.addN("drain", 300, 50)
+	_, stop := e.relay(func(cfg *outbox.RelayConfig) { cfg.BatchSize = 25 })
+	testenv.Eventually(t, 30*time.Second, "relay under way", func() bool { return c.total() > 0 })
+	stop() // returns once Run has returned
+	after := e.counts()
+	e.relay()
+	e.waitState(outbox.StateSent, 300, 45*time.Second)
+	testenv.Eventually(t, 30*time.Second, "all consumed", func() bool { return c.hasAll(ids) })
+	if c.total() != 300 {
+		t.Fatalf("consumed %d deliveries for 300 rows: the stopped relay left published rows unmarked (counts at stop: %v)", c.total(), after)
+	}
+}

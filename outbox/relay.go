@@ -1,0 +1,462 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/backoff"
+)
+
+// Counter and gauge names the relay records. Gauges are recorded as deltas,
+// so an [idemq.Counters] holds their current value.
+const (
+	CountRelayPublished = "outbox_published" // rows confirmed and marked sent
+	CountRelayFailed    = "outbox_failed"    // rows marked failed
+	CountRelayRetried   = "outbox_retried"   // rows released for a later attempt
+	CountRelayPurged    = "outbox_purged"    // sent rows deleted after the retention
+	CountRelayErrors    = "outbox_store_errors"
+	GaugeLagMillis      = "outbox_lag_ms"  // age of the oldest pending row
+	GaugePending        = "outbox_pending" // pending rows
+)
+
+// Publisher is what the relay needs from an [idemq.Publisher].
+type Publisher interface {
+	Publish(ctx context.Context, msg idemq.Message) error
+}
+
+// Hooks let tests inject faults. Leave nil in production.
+type Hooks struct {
+	// AfterConfirm runs after a row's confirm arrived, before it is marked.
+	AfterConfirm func(Row)
+	// BeforeMark runs once per batch with the confirmed rows, just before
+	// they are marked sent.
+	BeforeMark func([]Row)
+}
+
+// RelayConfig configures a [Relay]. Store and Publisher are required; every
+// other field has a documented default.
+type RelayConfig struct {
+	Store     Store
+	Publisher Publisher
+	// Owner identifies this relay in the lease column. Default
+	// "<hostname>-<pid>-<random>".
+	Owner string
+	// BatchSize is the most rows claimed (and published concurrently) at
+	// once. Default 256.
+	BatchSize int
+	// Concurrency is how many claimed batches may be in flight at once
+	// (publishing while the next batch is claimed). Default 4.
+	Concurrency int
+	// Lease is how long a claimed row stays reserved for this relay; a row
+	// whose relay died is published again after it. Must be well above
+	// PublishTimeout. Default 60s.
+	Lease time.Duration
+	// PublishTimeout bounds one publish (the publisher's own retries
+	// included). Default Lease/3.
+	PublishTimeout time.Duration
+	// PollInterval is the first idle wait; it doubles up to MaxPollInterval
+	// while there is nothing to do. Defaults 50ms and 1s. With a store that
+	// can wake the relay (PostgreSQL LISTEN/NOTIFY), MaxPollInterval is only
+	// the fallback.
+	PollInterval    time.Duration
+	MaxPollInterval time.Duration
+	// DisableNotify polls even when the store can wake the relay.
+	DisableNotify bool
+	// Ordered publishes the messages of one ordering key one at a time, in
+	// id order.
+	Ordered bool
+	// MaxAttempts bounds the claims of one row; a row still failing after
+	// it is marked failed. Default 10.
+	MaxAttempts int
+	// RetryBackoff is the delay before a failed row is tried again.
+	// Default 1s doubling to 1m, with jitter.
+	RetryBackoff backoff.Policy
+	// Retention keeps sent rows this long before purging them. Default 24h;
+	// negative keeps them forever.
+	Retention time.Duration
+	// PurgeInterval between purge rounds (default 1m); PurgeBatch rows per
+	// DELETE (default 1000).
+	PurgeInterval time.Duration
+	PurgeBatch    int
+	// StatsInterval between lag/pending refreshes. Default 5s.
+	StatsInterval time.Duration
+	// SkipMigrate: do not create/upgrade the table in Run.
+	SkipMigrate bool
+	// Recorder receives the relay's counters. Optional.
+	Recorder idemq.Recorder
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Hooks for fault injection in tests.
+	Hooks Hooks
+}
+
+// Relay publishes committed outbox rows. Create it with [NewRelay] and call
+// [Relay.Run]; several relays (processes) may share one table.
+type Relay struct {
+	cfg  RelayConfig
+	log  *slog.Logger
+	rec  idemq.Recorder
+	wake chan struct{}
+
+	lagMS, pending atomic.Int64
+	gaugeMu        sync.Mutex
+	lastLag        int64
+	lastPending    int64
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Add(string, int64) {}
+
+// NewRelay returns a relay; it does nothing until Run.
+func NewRelay(cfg RelayConfig) *Relay {
+	if cfg.Owner == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		_, _ = rand.Read(b[:])
+		cfg.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 256
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 60 * time.Second
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = cfg.Lease / 3
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 50 * time.Millisecond
+	}
+	if cfg.MaxPollInterval <= 0 {
+		cfg.MaxPollInterval = time.Second
+	}
+	if cfg.MaxPollInterval < cfg.PollInterval {
+		cfg.MaxPollInterval = cfg.PollInterval
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 10
+	}
+	if cfg.RetryBackoff.Min <= 0 {
+		cfg.RetryBackoff.Min = time.Second
+	}
+	if cfg.RetryBackoff.Max <= 0 {
+		cfg.RetryBackoff.Max = time.Minute
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 24 * time.Hour
+	}
+	if cfg.PurgeInterval <= 0 {
+		cfg.PurgeInterval = time.Minute
+	}
+	if cfg.PurgeBatch <= 0 {
+		cfg.PurgeBatch = 1000
+	}
+	if cfg.StatsInterval <= 0 {
+		cfg.StatsInterval = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	rec := cfg.Recorder
+	if rec == nil {
+		rec = nopRecorder{}
+	}
+	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1)}
+}
+
+// Owner is the relay's lease owner name.
+func (r *Relay) Owner() string { return r.cfg.Owner }
+
+// Lag is the age of the oldest pending row at the last refresh.
+func (r *Relay) Lag() time.Duration { return time.Duration(r.lagMS.Load()) * time.Millisecond }
+
+// Pending is the number of pending rows at the last refresh.
+func (r *Relay) Pending() int64 { return r.pending.Load() }
+
+// Wake makes an idle relay look for rows at once.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run relays until ctx is done, then finishes the batch in flight (its
+// publishes and marks) and returns nil. It returns an error only when the
+// configuration is unusable or the migration fails.
+func (r *Relay) Run(ctx context.Context) error {
+	if r.cfg.Store == nil || r.cfg.Publisher == nil {
+		return errors.New("outbox: RelayConfig.Store and RelayConfig.Publisher are required")
+	}
+	if !r.cfg.SkipMigrate {
+		if err := r.cfg.Store.Migrate(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	bg, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	notify := false
+	if w, ok := r.cfg.Store.(Waker); ok && !r.cfg.DisableNotify {
+		notify = true
+		wg.Go(func() {
+			if err := w.Listen(bg, r.Wake); err != nil && bg.Err() == nil {
+				r.log.Warn("outbox relay: listener stopped", "err", err)
+			}
+		})
+	}
+	if r.cfg.Retention > 0 {
+		wg.Go(func() { r.purgeLoop(bg) })
+	}
+	wg.Go(func() { r.statsLoop(bg) })
+	r.log.Info("outbox relay started", "owner", r.cfg.Owner, "table", r.cfg.Store.Table(),
+		"notify", notify, "ordered", r.cfg.Ordered, "batch", r.cfg.BatchSize, "lease", r.cfg.Lease)
+	defer r.log.Info("outbox relay stopped", "owner", r.cfg.Owner)
+
+	// Up to Concurrency batches publish at once; Run waits for them all.
+	slots := make(chan struct{}, r.cfg.Concurrency)
+	var batches sync.WaitGroup
+	defer batches.Wait()
+	idle, errs := 0, 0
+	for ctx.Err() == nil {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		// The claim is not cut short by ctx: once rows are leased they are
+		// published and marked before Run returns.
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		rows, err := r.cfg.Store.Claim(cctx, r.cfg.Owner, r.cfg.BatchSize, r.cfg.Lease, r.cfg.Ordered)
+		ccancel()
+		if err != nil {
+			<-slots
+			r.rec.Add(CountRelayErrors, 1)
+			r.log.Warn("outbox relay: claim failed", "err", err)
+			_ = backoff.Sleep(ctx, backoff.Policy{Min: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(errs))
+			errs++
+			continue
+		}
+		errs = 0
+		if len(rows) > 0 {
+			batches.Go(func() {
+				defer func() { <-slots }()
+				r.process(ctx, rows)
+				// Marking may have unblocked rows (the next of an ordering
+				// key): look again rather than sleep out the poll interval.
+				r.Wake()
+			})
+			idle = 0
+			continue
+		}
+		<-slots
+		wait := backoff.Policy{Min: r.cfg.PollInterval, Max: r.cfg.MaxPollInterval, NoJitter: true}.Delay(idle)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-r.wake:
+			idle = 0
+		case <-t.C:
+			idle++
+		}
+		t.Stop()
+	}
+	return nil
+}
+
+type result struct {
+	row Row
+	err error
+}
+
+// process publishes a claimed batch concurrently and settles every row.
+func (r *Relay) process(ctx context.Context, rows []Row) {
+	dctx := context.WithoutCancel(ctx) // drain: finish the batch on shutdown
+	results := make([]result, len(rows))
+	var wg sync.WaitGroup
+	for i := range rows {
+		row := rows[i]
+		results[i].row = row
+		if reason := r.precheck(&row); reason != "" {
+			results[i].err = permanentErr(reason)
+			continue
+		}
+		wg.Go(func() {
+			pctx, cancel := context.WithTimeout(dctx, r.cfg.PublishTimeout)
+			defer cancel()
+			m := row.Message
+			err := r.cfg.Publisher.Publish(pctx, idemq.Message{
+				ID: m.ID, Exchange: m.Exchange, RoutingKey: m.RoutingKey, Body: m.Body,
+				ContentType: m.ContentType, Headers: m.Headers,
+			})
+			results[i].err = err
+			if err == nil && r.cfg.Hooks.AfterConfirm != nil {
+				r.cfg.Hooks.AfterConfirm(row)
+			}
+		})
+	}
+	wg.Wait()
+
+	var sent []Row
+	var ids []int64
+	for _, res := range results {
+		if res.err == nil {
+			sent = append(sent, res.row)
+			ids = append(ids, res.row.ID)
+		}
+	}
+	if len(sent) > 0 {
+		if r.cfg.Hooks.BeforeMark != nil {
+			r.cfg.Hooks.BeforeMark(sent)
+		}
+		r.settle(dctx, "mark sent", func(c context.Context) error { return r.cfg.Store.MarkSent(c, ids) })
+		r.rec.Add(CountRelayPublished, int64(len(ids)))
+	}
+	for _, res := range results {
+		if res.err != nil {
+			r.failed(dctx, res.row, res.err)
+		}
+	}
+}
+
+type permanentErr string
+
+func (e permanentErr) Error() string { return string(e) }
+
+// precheck returns a reason to fail the row without publishing it.
+func (r *Relay) precheck(row *Row) string {
+	if row.Attempts > r.cfg.MaxAttempts {
+		return fmt.Sprintf("max-attempts: claimed %d times without a confirm (relay crashes or lost leases)", row.Attempts-1)
+	}
+	if row.HeadersErr != nil {
+		return "invalid-headers: " + row.HeadersErr.Error()
+	}
+	if err := idemq.ValidateID(row.Message.ID); err != nil {
+		return "invalid-id: " + err.Error()
+	}
+	return ""
+}
+
+func (r *Relay) failed(ctx context.Context, row Row, err error) {
+	var perm permanentErr
+	var reason string
+	switch {
+	case errors.As(err, &perm):
+		reason = string(perm)
+	case errors.Is(err, idemq.ErrUnroutable):
+		reason = "unroutable: " + err.Error()
+	case errors.Is(err, idemq.ErrClosed):
+		// The publisher is closing: hand the row back untouched.
+		r.settle(ctx, "release", func(c context.Context) error {
+			return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, 0, "relay publisher closed")
+		})
+		return
+	case row.Attempts >= r.cfg.MaxAttempts:
+		reason = fmt.Sprintf("max-attempts: %d attempts, last error: %v", row.Attempts, err)
+	}
+	if reason != "" {
+		r.log.Warn("outbox relay: row failed", "row", row.ID, "message_id", row.Message.ID, "reason", reason)
+		r.settle(ctx, "mark failed", func(c context.Context) error { return r.cfg.Store.Fail(c, r.cfg.Owner, row.ID, reason) })
+		r.rec.Add(CountRelayFailed, 1)
+		return
+	}
+	delay := r.cfg.RetryBackoff.Delay(row.Attempts - 1)
+	r.log.Info("outbox relay: publish failed; will retry", "row", row.ID, "message_id", row.Message.ID,
+		"attempt", row.Attempts, "retry_in", delay, "err", err)
+	r.settle(ctx, "release", func(c context.Context) error {
+		return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, delay, err.Error())
+	})
+	r.rec.Add(CountRelayRetried, 1)
+}
+
+// settle runs a bookkeeping write, retrying briefly: if it never succeeds
+// the lease expires and the row is published again (same message ID).
+func (r *Relay) settle(ctx context.Context, what string, fn func(context.Context) error) {
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		if attempt > 0 {
+			time.Sleep(backoff.Policy{Min: 100 * time.Millisecond, Max: 2 * time.Second}.Delay(attempt - 1))
+		}
+		c, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err = fn(c)
+		cancel()
+		if err == nil {
+			return
+		}
+		r.rec.Add(CountRelayErrors, 1)
+	}
+	r.log.Error("outbox relay: bookkeeping failed; rows will be retried after the lease", "op", what, "err", err)
+}
+
+func (r *Relay) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.PurgeInterval)
+	defer t.Stop()
+	for {
+		for ctx.Err() == nil {
+			n, err := r.cfg.Store.Purge(ctx, r.cfg.Retention, r.cfg.PurgeBatch)
+			if err != nil {
+				if ctx.Err() == nil {
+					r.rec.Add(CountRelayErrors, 1)
+					r.log.Warn("outbox relay: purge failed", "err", err)
+				}
+				break
+			}
+			r.rec.Add(CountRelayPurged, n)
+			if n < int64(r.cfg.PurgeBatch) {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) statsLoop(ctx context.Context) {
+	t := time.NewTicker(r.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		if st, err := r.cfg.Store.Stats(ctx); err == nil {
+			r.setGauges(st)
+		} else if ctx.Err() == nil {
+			r.log.Debug("outbox relay: stats failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			r.setGauges(Stats{}) // this relay no longer reports a backlog
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) setGauges(st Stats) {
+	lag := st.Lag.Milliseconds()
+	r.lagMS.Store(lag)
+	r.pending.Store(st.Pending)
+	r.gaugeMu.Lock()
+	defer r.gaugeMu.Unlock()
+	r.rec.Add(GaugeLagMillis, lag-r.lastLag)
+	r.rec.Add(GaugePending, st.Pending-r.lastPending)
+	r.lastLag, r.lastPending = lag, st.Pending
+}
