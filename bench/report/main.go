@@ -42,11 +42,20 @@ func main() {
 		fatal(fmt.Errorf("no benchmark results in the input"))
 	}
 	md := render(runs, order, *baseline, *cmdline)
+	// Measurements that are not benchmarks of this module live below the
+	// marker in the existing file and are kept.
+	if old, err := os.ReadFile(*out); err == nil {
+		if i := strings.Index(string(old), keptMarker); i >= 0 {
+			md += "\n" + string(old[i:])
+		}
+	}
 	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
 		fatal(err)
 	}
 	fmt.Print(md)
 }
+
+const keptMarker = "<!-- kept: sections below are not regenerated -->"
 
 func fatal(err error) {
 	fmt.Fprintln(os.Stderr, "report:", err)
