@@ -113,31 +113,14 @@ func newKeysGetCmd(f *keysFlags) *cobra.Command {
 		Long:  keysLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
-			cio, err := newIO(cmd, output)
-			if err != nil {
-				return err
-			}
-			key, err := f.key(args[0])
-			if err != nil {
-				return err
-			}
-			ins, closeFn, err := openInspector(f)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			rec, ok, err := ins.Get(ctx, key)
-			if err != nil {
-				return err
-			}
-			v := viewOf(key, rec, ok, time.Now())
-			if cio.json {
-				return cio.printJSON(v)
-			}
-			printKey(cio, v)
-			return nil
+			return withRecord(cmd, f, output, args[0], func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error {
+				v := viewOf(key, rec, ok, time.Now())
+				if cio.json {
+					return cio.printJSON(v)
+				}
+				printKey(cio, v)
+				return nil
+			})
 		}),
 	}
 	addOutputFlag(cmd, &output)
@@ -152,41 +135,50 @@ func newKeysForgetCmd(f *keysFlags) *cobra.Command {
 		Long:  keysLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
-			cio, err := newIO(cmd, output)
-			if err != nil {
-				return err
-			}
-			key, err := f.key(args[0])
-			if err != nil {
-				return err
-			}
-			ins, closeFn, err := openInspector(f)
-			if err != nil {
-				return err
-			}
-			defer closeFn()
-			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			defer cancel()
-			rec, ok, err := ins.Get(ctx, key)
-			if err != nil {
-				return err
-			}
-			if err := ins.Forget(ctx, key); err != nil {
-				return err
-			}
-			v := viewOf(key, rec, ok, time.Now())
-			v.Forgotten = true
-			if cio.json {
-				return cio.printJSON(v)
-			}
-			if ok {
-				cio.printf("forgot %s (was %s)\n", key, rec.State)
-			} else {
-				cio.printf("forgot %s (there was no record)\n", key)
-			}
-			return nil
+			return withRecord(cmd, f, output, args[0], func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error {
+				if err := ins.Forget(ctx, key); err != nil {
+					return err
+				}
+				v := viewOf(key, rec, ok, time.Now())
+				v.Forgotten = true
+				if cio.json {
+					return cio.printJSON(v)
+				}
+				if ok {
+					cio.printf("forgot %s (was %s)\n", key, rec.State)
+				} else {
+					cio.printf("forgot %s (there was no record)\n", key)
+				}
+				return nil
+			})
 		}),
 	}
 	addOutputFlag(cmd, &output)
 	return cmd
+}
+
+// withRecord is what get and forget share: it opens the output and the
+// store, builds the key for id and reads its record, then calls fn.
+func withRecord(cmd *cobra.Command, f *keysFlags, output, id string,
+	fn func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error) error {
+	cio, err := newIO(cmd, output)
+	if err != nil {
+		return err
+	}
+	key, err := f.key(id)
+	if err != nil {
+		return err
+	}
+	ins, closeFn, err := openInspector(f)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+	defer cancel()
+	rec, ok, err := ins.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, cio, ins, key, rec, ok)
 }
