@@ -27,6 +27,7 @@ const (
 	CountDeadLettered   = "dead_lettered"     // sent to the dead-letter queue
 	CountRetried        = "retried"           // sent to a delay queue for a later attempt
 	CountFailOpen       = "fail_open"         // processed without the dedup store (fail-open)
+	CountUncertain      = "dedup_uncertain"   // the store could not tell done from new (dedup.ErrUncertain)
 )
 
 // Recorder receives counter increments. It must be safe for concurrent use.

@@ -30,6 +30,9 @@ const (
 	ReasonDeliveryLimit = "delivery-limit"
 	ReasonUnparseable   = "unparseable"
 	ReasonPanic         = "panic"
+	// ReasonSuspectedDuplicate: the dedup store could not tell whether the
+	// message was processed (dedup.ErrUncertain): replay it once verified.
+	ReasonSuspectedDuplicate = "suspected-duplicate"
 )
 
 // PermanentError marks a failure that no retry can fix: the delivery goes

@@ -99,7 +99,13 @@ func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + 
 //   - InFlight: returns an idemq.RequeueError so the delivery comes back
 //     after the other owner's lease — it is never acked as a duplicate;
 //   - store error: fail-closed returns an idemq.RequeueError after
-//     StoreRetryAfter; FailOpen runs the handler without a record.
+//     StoreRetryAfter; FailOpen runs the handler without a record;
+//   - [ErrUncertain] (a probabilistic store that cannot tell done from
+//     new): neither runs nor acks — an idemq.RejectError with reason
+//     idemq.ReasonSuspectedDuplicate (dead-lettered with that reason), or,
+//     with bloom.SuspectRouter outside the guard, a copy in the
+//     suspected-duplicate queue. Counted as idemq.CountUncertain, whatever
+//     FailOpen says.
 //
 // A delivery without a valid ID gets an idemq.RejectError (missing-id or
 // invalid-id). The consumer group is the delivery's Group (its Queue when
@@ -156,6 +162,13 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	if err != nil {
 		if errors.Is(err, ErrInvalidKey) {
 			return idemq.Reject(idemq.ReasonInvalidID, fmt.Errorf("dedup key for message %q: %w", id, err))
+		}
+		if errors.Is(err, ErrUncertain) {
+			// Neither run (a duplicate would apply twice) nor ack (a new
+			// message would be lost): set it aside with a reason.
+			rec.Add(idemq.CountUncertain, 1)
+			log.Warn("idemq: dedup store cannot tell whether the message was processed; set aside as a suspected duplicate", "err", err)
+			return idemq.Reject(idemq.ReasonSuspectedDuplicate, fmt.Errorf("dedup: message %q: %w", id, err))
 		}
 		rec.Add(idemq.CountStoreErrors, 1)
 		if !g.cfg.FailOpen {

@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -265,5 +266,39 @@ func TestGuardKeyNamespacing(t *testing.T) {
 	}
 	if _, ok, _ := h.store.Get(context.Background(), "svc:orders:o-1"); !ok {
 		t.Fatal(`no record at "svc:orders:o-1"`)
+	}
+}
+
+// uncertainStore answers every claim "cannot tell" (what a Bloom tier
+// without a verifier says on a filter hit).
+type uncertainStore struct{ *dedup.Memory }
+
+func (uncertainStore) Claim(context.Context, string, string, time.Duration) (dedup.Claim, error) {
+	return dedup.Claim{}, fmt.Errorf("probabilistic tier: %w", dedup.ErrUncertain)
+}
+
+// A store that cannot tell done from new makes the guard set the message
+// aside with a reason: not run (it may be a duplicate), not acked (it may
+// be new), not a store error, and fail-open changes nothing.
+func TestGuardUncertainIsSetAsideNeverRunNorAcked(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fail-closed", true: "fail-open"}[failOpen], func(t *testing.T) {
+			counters := &idemq.Counters{}
+			ctx := idemq.WithRecorder(context.Background(), counters)
+			runs := 0
+			h := idemq.Chain(idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { runs++; return nil }),
+				dedup.Guard(uncertainStore{dedup.NewMemory(dedup.MemoryConfig{})}, dedup.Config{FailOpen: failOpen, Logger: quiet()}))
+			err := h.Handle(ctx, delivery("m1"))
+			var rj *idemq.RejectError
+			if !errors.As(err, &rj) || rj.Reason != idemq.ReasonSuspectedDuplicate || !errors.Is(err, dedup.ErrUncertain) {
+				t.Fatalf("err = %v, want a %s rejection wrapping ErrUncertain", err, idemq.ReasonSuspectedDuplicate)
+			}
+			if runs != 0 {
+				t.Fatal("the handler ran on an uncertain answer")
+			}
+			if u, se, fo := counters.Get(idemq.CountUncertain), counters.Get(idemq.CountStoreErrors), counters.Get(idemq.CountFailOpen); u != 1 || se != 0 || fo != 0 {
+				t.Fatalf("uncertain %d store_errors %d fail_open %d, want 1 0 0", u, se, fo)
+			}
+		})
 	}
 }

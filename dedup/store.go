@@ -50,6 +50,15 @@ var (
 	ErrLeaseLost = errors.New("dedup: lease lost")
 	// ErrInvalidKey: an empty key or one longer than MaxKeyLength.
 	ErrInvalidKey = errors.New("dedup: invalid key")
+	// ErrUncertain: the store answered, but cannot tell whether the key is
+	// done — a probabilistic tier (dedup/bloom) said "maybe" and nothing
+	// could verify it. The message may be a duplicate (running it could
+	// apply it twice) or new (acking it would lose it): the guard does
+	// neither. It dead-letters the delivery with reason
+	// idemq.ReasonSuspectedDuplicate, unless a router outside the guard
+	// (bloom.SuspectRouter) takes it first. Never a store error, never
+	// fail-open.
+	ErrUncertain = errors.New("dedup: store cannot tell whether the message was processed")
 )
 
 // MaxKeyLength bounds a store key (prefix:group:id) in bytes.

@@ -59,11 +59,14 @@
 //     false positives are suspects, never Done and never run: put
 //     [SuspectRouter] outside dedup.Guard and they land in
 //     "<queue>.suspected" with x-idemq-reason=suspected-duplicate, counted,
-//     for an operator to replay. (Without the router the guard requeues
-//     them as "store unavailable" again and again; with the guard's
-//     FailOpen they would run unguarded — do not combine.) This mode cannot
-//     pass the conformance suite, by design: the suite wants Done for every
-//     duplicate, and this store refuses to claim certainty it lacks.
+//     for an operator to replay. The suspect error wraps
+//     dedup.ErrUncertain, so dedup.Guard neither runs nor acks it even
+//     with FailOpen: without the router the guard rejects it with reason
+//     suspected-duplicate and the failure policy (retry.Policy)
+//     dead-letters it with that reason; the router only gives suspects
+//     their own queue. This mode cannot pass the conformance suite, by
+//     design: the suite wants Done for every duplicate, and this store
+//     refuses to claim certainty it lacks.
 //
 // The filter's window is fixed: configure it ≥ the guard's Window. A
 // shorter per-call window is honoured exactly only by a record of truth;

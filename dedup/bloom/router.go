@@ -21,7 +21,7 @@ const (
 	HeaderOriginalQueue      = "x-idemq-original-queue"
 	HeaderOriginalExchange   = "x-idemq-original-exchange"
 	HeaderOriginalRouting    = "x-idemq-original-routing-key"
-	ReasonSuspectedDuplicate = "suspected-duplicate"
+	ReasonSuspectedDuplicate = idemq.ReasonSuspectedDuplicate
 )
 
 // RequeueSuspectPublish is the requeue reason when the suspected-duplicate
@@ -47,7 +47,7 @@ type RouterConfig struct {
 
 // SuspectRouter returns a middleware that sits outside dedup.Guard: when
 // the chain below it returns an error wrapping [ErrSuspectedDuplicate]
-// (the guard passes the store's claim error inside its requeue), it
+// (the guard returns the store's claim error inside an idemq.RejectError), it
 // publishes a copy of the delivery — body, properties, headers, plus
 // x-idemq-reason=suspected-duplicate, the dedup key and the original
 // queue/exchange/routing key — to the suspected-duplicate queue, counts

@@ -34,8 +34,9 @@ const (
 	CountSuspectedRouted = "suspected_duplicates"
 )
 
-// ErrSuspectedDuplicate is wrapped by [*SuspectedDuplicateError].
-var ErrSuspectedDuplicate = errors.New("bloom: suspected duplicate")
+// ErrSuspectedDuplicate is wrapped by [*SuspectedDuplicateError]. It wraps
+// [dedup.ErrUncertain], so dedup.Guard neither runs nor acks the message.
+var ErrSuspectedDuplicate = fmt.Errorf("bloom: suspected duplicate: %w", dedup.ErrUncertain)
 
 // SuspectedDuplicateError is what [Store.Claim] returns when the filter
 // says "maybe done" and no verifier can tell: the message may be a
