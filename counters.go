@@ -96,3 +96,23 @@ func RecorderFrom(ctx context.Context) Recorder {
 type nopRecorder struct{}
 
 func (nopRecorder) Add(string, int64) {}
+
+type outcomeKey struct{}
+
+// TrackOutcome returns a context in which an inner layer of defence can
+// report, with [MarkOutcomeCounted], that it counted the delivery's outcome
+// (processed or duplicate) itself; counted tells the outer layer so, and
+// the outer layer then does not count it again. dedup.Guard tracks, the
+// inbox marks: a guard in front of an inbox counts each message once.
+func TrackOutcome(ctx context.Context) (_ context.Context, counted func() bool) {
+	f := new(atomic.Bool)
+	return context.WithValue(ctx, outcomeKey{}, f), f.Load
+}
+
+// MarkOutcomeCounted tells the outer layers tracking ctx (see
+// [TrackOutcome]) that the outcome was counted. A no-op without one.
+func MarkOutcomeCounted(ctx context.Context) {
+	if f, ok := ctx.Value(outcomeKey{}).(*atomic.Bool); ok {
+		f.Store(true)
+	}
+}

@@ -177,10 +177,13 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		}
 		log.Warn("idemq: dedup store unavailable; running the handler unguarded (fail-open)", "err", err)
 		rec.Add(idemq.CountFailOpen, 1)
+		ctx, counted := idemq.TrackOutcome(ctx)
 		if err := next.Handle(ctx, d); err != nil {
 			return err
 		}
-		rec.Add(idemq.CountProcessed, 1)
+		if !counted() {
+			rec.Add(idemq.CountProcessed, 1)
+		}
 		return nil
 	}
 
@@ -207,11 +210,14 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		return idemq.Requeue(g.cfg.StoreRetryAfter, RequeueStoreUnavailable, err)
 	}
 
+	ctx, counted := idemq.TrackOutcome(ctx)
 	err = g.run(ctx, d, next, key, token, log)
 	if err != nil {
 		return err
 	}
-	rec.Add(idemq.CountProcessed, 1)
+	if !counted() { // an inbox below counts its own processed/duplicate
+		rec.Add(idemq.CountProcessed, 1)
+	}
 	g.complete(ctx, rec, key, token, log)
 	return nil
 }

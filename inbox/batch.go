@@ -200,8 +200,10 @@ func (b *Batcher[T]) run(bt *batch[T]) {
 		case it.err != nil:
 		case it.dup:
 			idemq.RecorderFrom(it.ctx).Add(idemq.CountDuplicates, 1)
+			idemq.MarkOutcomeCounted(it.ctx)
 		default:
 			idemq.RecorderFrom(it.ctx).Add(idemq.CountProcessed, 1)
+			idemq.MarkOutcomeCounted(it.ctx)
 		}
 	}
 }

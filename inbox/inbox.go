@@ -250,6 +250,7 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 		done = true
 		_ = ib.drv.Rollback(ctx, tx)
 		rec.Add(idemq.CountDuplicates, 1)
+		idemq.MarkOutcomeCounted(ctx)
 		ib.log.Debug("inbox: duplicate acked", "group", group, "message_id", id)
 		return nil
 	}
@@ -265,5 +266,6 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 		return fmt.Errorf("inbox: commit: %w", err)
 	}
 	rec.Add(idemq.CountProcessed, 1)
+	idemq.MarkOutcomeCounted(ctx)
 	return nil
 }

@@ -331,7 +331,9 @@ func testFastPath[T any](t *testing.T, h Harness[T]) {
 		return rec
 	}
 	store := dedup.NewMemory(dedup.MemoryConfig{})
-	run(store, list, 10)
+	if p := run(store, list, 10).Get(idemq.CountProcessed); p != 10 {
+		t.Fatalf("processed=%d for 10 fresh messages through guard + inbox, want 10 (counted once)", p)
+	}
 	if b := begins.Load(); b != 10 {
 		t.Fatalf("%d transactions for 10 fresh messages", b)
 	}
@@ -349,10 +351,9 @@ func testFastPath[T any](t *testing.T, h Harness[T]) {
 	if b := begins.Load(); b != 20 {
 		t.Fatalf("%d transactions, want 20", b)
 	}
-	// (The guard counts a claim whose handler returned nil as processed;
-	// the inbox's own duplicate count is what shows the suppression.)
-	if d := rec.Get(idemq.CountDuplicates); d != 10 {
-		t.Fatalf("duplicates=%d after the store forgot, want 10 (counted by the inbox)", d)
+	// The inbox counted the outcome; the guard does not count it again.
+	if d, p := rec.Get(idemq.CountDuplicates), rec.Get(idemq.CountProcessed); d != 10 || p != 0 {
+		t.Fatalf("duplicates=%d processed=%d after the store forgot, want 10 and 0 (counted once, by the inbox)", d, p)
 	}
 	e.wantBalances(Amount, list...)
 }
