@@ -16,6 +16,9 @@ var (
 	ErrUnroutable = errors.New("idemq: message returned as unroutable")
 	// ErrNacked: the broker refused a publish (basic.nack) and retries ran out.
 	ErrNacked = errors.New("idemq: publish nacked by the broker")
+	// ErrInvalidHeaders: a publish whose headers AMQP cannot encode (a
+	// value of an unsupported type); it is not sent and not retried.
+	ErrInvalidHeaders = errors.New("idemq: invalid message headers")
 	// ErrClosed: the publisher or consumer was closed.
 	ErrClosed = errors.New("idemq: closed")
 )

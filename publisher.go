@@ -105,6 +105,10 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	if err := ValidateID(msg.ID); err != nil {
 		return fmt.Errorf("idemq: publish: %w", err)
 	}
+	if err := msg.Headers.Validate(); err != nil {
+		// No retry can fix a header AMQP cannot encode.
+		return fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
+	}
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/testenv"
 )
@@ -23,6 +25,15 @@ func TestPublishRequiresAnID(t *testing.T) {
 	err = p.Publish(context.Background(), idemq.Message{ID: "bad\nid", RoutingKey: "x"})
 	if !errors.Is(err, idemq.ErrInvalidMessageID) {
 		t.Fatalf("err = %v, want ErrInvalidMessageID", err)
+	}
+	// A header AMQP cannot encode fails at once, without a retry loop that
+	// would last until the context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	err = p.Publish(ctx, idemq.Message{ID: "m1", RoutingKey: "x", Headers: amqp.Table{"bad": struct{}{}}})
+	if !errors.Is(err, idemq.ErrInvalidHeaders) || time.Since(start) > 5*time.Second {
+		t.Fatalf("err = %v after %v, want ErrInvalidHeaders at once", err, time.Since(start))
 	}
 }
 
