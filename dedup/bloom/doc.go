@@ -34,7 +34,10 @@
 //
 // # The tiered store
 //
-// [Store] implements dedup.Store:
+// [Store] implements dedup.Store over any lease store and filter (memory
+// leases and a [Local] filter for one process; Redis for many). For Redis,
+// dedup/bloom/redisbloom.Store does the same with one script per call.
+// The generic one:
 //
 //	Claim:    filter "definitely not"      → lease store Claim (Acquired / InFlight / Done)
 //	          filter "maybe", verifier     → verifier done? Done : lease store Claim (a false positive, counted)
@@ -81,9 +84,11 @@
 //	generation, spread over Cluster slots) — against 1e9 × 145 B = 145 GB of exact Redis keys
 //	lease store: in-flight leases + done markers for Recent (30s): 11,574 msg/s × 30 s ≈ 350k
 //	records ≈ 50 MB of Redis
-//	round trips per message: Claim 2 (filter script, lease Claim) + Complete 2 (lease Complete,
-//	filter script) = 4, plus heartbeats; the exact Redis store needs 2. A filter hit (true
-//	duplicates, and 1e-4 of new IDs = ~100,000 a day) adds the verifier lookup.
+//	round trips per message: with redisbloom.Store (lease, recent marker and filter bits in one
+//	hash slot) Claim 1 + Complete 1 = 2, plus heartbeats — the same as the exact Redis store;
+//	this package's generic Store over any lease store and filter needs 4 (filter and lease
+//	separately). A filter hit (true duplicates older than Recent, and 1e-4 of new IDs =
+//	~100,000 a day) adds the verifier lookup.
 //	Lua cost: a lookup reads ≤ 6 bitmaps × k = 16 GETBITs (stops at the first zero bit: ~2 per
 //	bitmap for a new ID); an Add does 16 SETBITs, an INCRBY and two PEXPIREATs.
 //	rotation: nothing is coordinated or copied. Every 6 h the first Add of a generation creates
