@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"sort"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,32 +14,46 @@ import (
 	"github.com/idemq/idemq"
 )
 
-// Prefetch is the QoS every consumer case uses.
-const Prefetch = 200
+// DupEvery makes every fifth message of the duplicates variant repeat an
+// earlier ID: 20% duplicates.
+const DupEvery = 5
+
+// run is one repetition of a consume case: the pre-filled queue, the number
+// of deliveries to wait for, how many of them repeat an earlier ID, and the
+// per-delivery overhead samples the case records.
+type run struct {
+	Queue string
+	N     int
+	Dups  int
+	Lat   *latencies
+}
 
 // consumeCase measures one consumer against a queue pre-filled with b.N
-// messages. run starts consuming and must return once n messages are acked.
-func consumeCase(b *testing.B, name string, run func(b *testing.B, queue string, n int)) {
+// messages (dupEvery > 0: with duplicates, see fill). fn starts consuming
+// and must return once n deliveries reached a final outcome.
+func consumeCase(b *testing.B, name string, dupEvery int, fn func(b *testing.B, r *run)) {
 	b.Run(name, func(b *testing.B) {
 		queue := freshQueue(b, fmt.Sprintf("idemq.bench.%s", name))
-		fill(b, queue, b.N, name, 0)
+		r := &run{Queue: queue, N: b.N, Lat: newLatencies(b.N)}
+		r.Dups = fill(b, queue, b.N, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()), dupEvery)
 		b.ResetTimer()
 		cpu0 := cpuSeconds()
 		start := time.Now()
-		run(b, queue, b.N)
+		fn(b, r)
 		el := time.Since(start)
 		cpu := cpuSeconds() - cpu0
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
 		b.ReportMetric(cpu/float64(b.N)*10000, "cpu-s/10k")
+		r.Lat.report(b)
 	})
 }
 
 func BenchmarkConsume(b *testing.B) {
-	consumeCase(b, "raw-ack-each", func(b *testing.B, queue string, n int) { rawConsume(b, queue, n, 1) })
-	consumeCase(b, "raw-multiple-ack-50", func(b *testing.B, queue string, n int) { rawConsume(b, queue, n, 50) })
-	consumeCase(b, "idemq-noop", func(b *testing.B, queue string, n int) {
-		idemqConsume(b, queue, n, idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil }))
+	consumeCase(b, "raw-ack-each", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 1) })
+	consumeCase(b, "raw-multiple-ack-50", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 50) })
+	consumeCase(b, "idemq-noop", 0, func(b *testing.B, r *run) {
+		idemqConsume(b, r, consumerOpts{}, noop())
 	})
 }
 
@@ -71,30 +87,50 @@ func rawConsume(b *testing.B, queue string, n, every int) {
 	}
 }
 
-// idemqConsume runs an idemq consumer (4 workers) until n deliveries are acked.
-func idemqConsume(b *testing.B, queue string, n int, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
-	return idemqConsumeWorkers(b, queue, n, 4, h, mws...)
+// consumerOpts are the consumer settings a case varies. Zero values mean 4
+// workers and Prefetch.
+type consumerOpts struct {
+	Workers  int
+	Prefetch int
 }
 
-// idemqConsumeWorkers runs an idemq consumer until n deliveries are acked.
-func idemqConsumeWorkers(b *testing.B, queue string, n, workers int, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
+// idemqConsume runs an idemq consumer until r.N deliveries reached a final
+// outcome: acked, or rejected (a suspected duplicate of the Bloom tier).
+// Requeued deliveries come back and count when they do. The handler is
+// wrapped so that r.Lat gets, per delivery, the time spent in the
+// middleware mws outside the handler (see latencies).
+func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
+	if o.Workers == 0 {
+		o.Workers = 4
+	}
+	if o.Prefetch == 0 {
+		o.Prefetch = Prefetch
+	}
 	var rec idemq.Counters
-	var acked atomic.Int64
+	var final atomic.Int64
 	done := make(chan struct{})
-	counting := idemq.Middleware(func(next idemq.Handler) idemq.Handler {
+	n := int64(r.N)
+	outer := idemq.Middleware(func(next idemq.Handler) idemq.Handler {
 		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-			err := next.Handle(ctx, d)
-			if err == nil && acked.Add(1) == int64(n) {
+			sp := &span{}
+			sp.enter = time.Now()
+			err := next.Handle(withSpan(ctx, sp), d)
+			var re *idemq.RequeueError
+			if errors.As(err, &re) {
+				return err
+			}
+			r.Lat.add(sp.overhead(time.Now()))
+			if final.Add(1) == n {
 				close(done)
 			}
 			return err
 		})
 	})
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		Queue: queue, Prefetch: Prefetch, Workers: workers, Recorder: &rec,
-		Middleware: append([]idemq.Middleware{counting}, mws...),
+		Queue: r.Queue, Prefetch: o.Prefetch, Workers: o.Workers, Recorder: &rec,
+		Middleware: append([]idemq.Middleware{outer}, mws...),
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, h)
+	}, timed(h))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -111,4 +147,80 @@ func idemqConsumeWorkers(b *testing.B, queue string, n, workers int, h idemq.Han
 		b.Fatal(err)
 	}
 	return &rec
+}
+
+// span times one delivery through the middleware chain: enter and leave
+// are the outermost middleware's, start and end the user handler's.
+type span struct {
+	enter, start, end time.Time
+}
+
+// overhead is the time the delivery spent in the chain outside the user
+// handler: all of it when the handler did not run (a suppressed duplicate).
+func (s *span) overhead(leave time.Time) time.Duration {
+	if s.start.IsZero() {
+		return leave.Sub(s.enter)
+	}
+	return s.start.Sub(s.enter) + leave.Sub(s.end)
+}
+
+type spanKey struct{}
+
+func withSpan(ctx context.Context, s *span) context.Context {
+	return context.WithValue(ctx, spanKey{}, s)
+}
+
+func spanFrom(ctx context.Context) *span {
+	s, _ := ctx.Value(spanKey{}).(*span)
+	return s
+}
+
+// timed wraps the user handler so that its start and end land in the
+// delivery's span.
+func timed(h idemq.Handler) idemq.Handler {
+	if u, ok := h.(untimedHandler); ok {
+		return u.Handler
+	}
+	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		sp := spanFrom(ctx)
+		if sp == nil {
+			return h.Handle(ctx, d)
+		}
+		sp.start = time.Now()
+		err := h.Handle(ctx, d)
+		sp.end = time.Now()
+		return err
+	})
+}
+
+// latencies collects per-delivery overhead samples, safe for concurrent
+// use; samples beyond the capacity are dropped.
+type latencies struct {
+	next atomic.Int64
+	d    []time.Duration
+}
+
+func newLatencies(n int) *latencies { return &latencies{d: make([]time.Duration, n)} }
+
+func (l *latencies) add(d time.Duration) {
+	if i := l.next.Add(1) - 1; i < int64(len(l.d)) {
+		l.d[i] = d
+	}
+}
+
+// report adds p50-us and p99-us when the case recorded samples.
+func (l *latencies) report(b *testing.B) {
+	n := min(int(l.next.Load()), len(l.d))
+	if n == 0 {
+		return
+	}
+	s := append([]time.Duration(nil), l.d[:n]...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	b.ReportMetric(pct(s, 0.50).Seconds()*1e6, "p50-us")
+	b.ReportMetric(pct(s, 0.99).Seconds()*1e6, "p99-us")
+}
+
+// pct is the p-quantile of sorted samples (nearest rank).
+func pct(sorted []time.Duration, p float64) time.Duration {
+	return sorted[int(p*float64(len(sorted)-1)+0.5)]
 }

@@ -63,10 +63,22 @@ func freshQueue(tb testing.TB, name string) string {
 	return name
 }
 
+// Prefetch is the QoS every consumer case uses unless it says otherwise.
+const Prefetch = 200
+
+// DupGap is how far back a duplicate's ID is taken from in the
+// duplicates variant: farther than the prefetch window, so the original is
+// normally done (not in flight) when its duplicate arrives, as with a
+// producer's resend or a redelivery after a lost ack.
+const DupGap = 2*Prefetch + 1
+
 // fill publishes n persistent messages of BodySize bytes with IDs
-// "<prefix>-<i>" (every dupEvery-th one repeats the previous ID when
-// dupEvery > 0), with async confirms and a window of 2000.
-func fill(tb testing.TB, queue string, n int, prefix string, dupEvery int) {
+// "<prefix>-<k>", with async confirms and a window of 2000. When dupEvery >
+// 0, every dupEvery-th message repeats the ID of the message DupGap
+// positions earlier (the previous one while fewer precede it) instead of
+// taking a new one: dupEvery 5 makes 20% duplicates. It returns how many
+// messages repeat an earlier ID.
+func fill(tb testing.TB, queue string, n int, prefix string, dupEvery int) int {
 	tb.Helper()
 	conn := dial(tb)
 	defer conn.Close()
@@ -94,13 +106,22 @@ func fill(tb testing.TB, queue string, n int, prefix string, dupEvery int) {
 		}
 		errc <- nil
 	}()
-	id := 0
+	ids := make([]int, n)
+	next, dups := 0, 0
 	for i := 0; i < n; i++ {
-		if dupEvery <= 0 || i%dupEvery != dupEvery-1 {
-			id++
+		switch {
+		case dupEvery > 0 && i%dupEvery == dupEvery-1 && i >= DupGap:
+			ids[i] = ids[i-DupGap]
+			dups++
+		case dupEvery > 0 && i%dupEvery == dupEvery-1 && i > 0:
+			ids[i] = ids[i-1]
+			dups++
+		default:
+			next++
+			ids[i] = next
 		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, MessageId: fmt.Sprintf("%s-%d", prefix, id), Body: body,
+			DeliveryMode: amqp.Persistent, MessageId: fmt.Sprintf("%s-%d", prefix, ids[i]), Body: body,
 		})
 		if err != nil {
 			tb.Fatal(err)
@@ -111,4 +132,5 @@ func fill(tb testing.TB, queue string, n int, prefix string, dupEvery int) {
 	if err := <-errc; err != nil {
 		tb.Fatal(err)
 	}
+	return dups
 }

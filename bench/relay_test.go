@@ -1,0 +1,186 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/outbox"
+	outboxpg "github.com/idemq/idemq/outbox/postgres"
+)
+
+// Relay benchmarks (issue: ≥ 10k rows/s; commit→publish p99 < 50 ms with
+// LISTEN/NOTIFY), ported from outbox/postgres/bench_test.go to this module
+// so they run in `make bench` next to the consumer cases.
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// outboxStore opens a migrated outbox store on a fresh database.
+func outboxStore(b *testing.B, name string) (*outboxpg.Store, string) {
+	dsn := createDB(b, name)
+	s, err := outboxpg.Open(dsn, outboxpg.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	if err := s.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s, dsn
+}
+
+// startRelay runs one relay process-alike (its own pool, LISTEN connection
+// and publisher) until the case ends.
+func startRelay(b *testing.B, dsn string, cfg outbox.RelayConfig) {
+	s, err := outboxpg.Open(dsn, outboxpg.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL(), Logger: quiet()})
+	cfg.Store, cfg.Publisher, cfg.Logger, cfg.SkipMigrate = s, pub, quiet(), true
+	r := outbox.NewRelay(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = r.Run(ctx); close(done) }()
+	var once sync.Once
+	b.Cleanup(func() { once.Do(func() { cancel(); <-done; pub.Close(); s.Close() }) })
+}
+
+// BenchmarkRelay/throughput-relays-N: b.N committed rows (transactions of
+// 500) published with confirms and marked sent by N relays; rows/s from the
+// relays' start to the last row marked.
+func BenchmarkRelay(b *testing.B) {
+	for _, relays := range []int{1, 3} {
+		b.Run(fmt.Sprintf("throughput-relays-%d", relays), func(b *testing.B) {
+			store, dsn := outboxStore(b, fmt.Sprintf("idemq_bench_relay_%d", relays))
+			q := freshQueue(b, fmt.Sprintf("idemq.bench.relay.%d", relays))
+			ctx := context.Background()
+			body := make([]byte, BodySize)
+			const perTx = 500
+			for i := 0; i < b.N; i += perTx {
+				tx, err := store.DB.BeginTx(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var msgs []outbox.Message
+				for j := i; j < i+perTx && j < b.N; j++ {
+					msgs = append(msgs, outbox.Message{ID: fmt.Sprintf("t-%d", j), RoutingKey: q, Body: body})
+				}
+				if err := store.Add(ctx, tx, msgs...); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			cpu0 := cpuSeconds()
+			start := time.Now()
+			for i := 0; i < relays; i++ {
+				startRelay(b, dsn, outbox.RelayConfig{BatchSize: 500, Retention: -1})
+			}
+			deadline := time.Now().Add(10 * time.Minute)
+			for {
+				st, err := store.Stats(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if st.Pending == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatalf("%d rows still pending after 10 minutes", st.Pending)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			el := time.Since(start)
+			cpu := cpuSeconds() - cpu0
+			b.StopTimer()
+			if m, err := store.Count(ctx); err != nil || m[outbox.StateSent] != int64(b.N) {
+				b.Fatalf("counts %v (%v), want %d sent", m, err, b.N)
+			}
+			if got := queueDepth(b, q); got != b.N {
+				b.Fatalf("queue holds %d messages, want %d", got, b.N)
+			}
+			b.ReportMetric(float64(b.N)/el.Seconds(), "rows/s")
+			b.ReportMetric(cpu/float64(b.N)*10000, "cpu-s/10k")
+		})
+	}
+	latencyCase(b, "latency-notify", outbox.RelayConfig{
+		// Polling only as a far fallback, so the figures measure NOTIFY.
+		PollInterval: 5 * time.Second, MaxPollInterval: 5 * time.Second,
+	})
+	latencyCase(b, "latency-poll", outbox.RelayConfig{DisableNotify: true}) // 50ms doubling to 1s while idle
+}
+
+// latencySamples is how many single-row transactions a latency case
+// commits: b.N/50, between 10 and 200 (each waits for its delivery).
+func latencySamples(n int) int { return max(10, min(n/50, 200)) }
+
+// latencyCase commits single-row transactions one at a time and measures
+// commit → delivery at a plain consumer (the relay's publish plus the
+// broker's routing): p50-ms, p99-ms.
+func latencyCase(b *testing.B, name string, cfg outbox.RelayConfig) {
+	b.Run(name, func(b *testing.B) {
+		store, dsn := outboxStore(b, "idemq_bench_relay_"+name[len("latency-"):])
+		q := freshQueue(b, "idemq.bench.relay."+name)
+		ctx := context.Background()
+		cfg.Retention = -1
+		startRelay(b, dsn, cfg)
+		conn := dial(b)
+		b.Cleanup(func() { conn.Close() })
+		ch, err := conn.Channel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		dels, err := ch.Consume(q, "", true, true, false, false, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		got := make(chan string, 16)
+		go func() {
+			for d := range dels {
+				got <- d.MessageId
+			}
+		}()
+		n := latencySamples(b.N)
+		lat := make([]time.Duration, 0, n)
+		b.ResetTimer()
+		for i := 0; i < n; i++ {
+			id := fmt.Sprintf("l-%d", i)
+			tx, err := store.DB.BeginTx(ctx, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := store.Add(ctx, tx, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(); err != nil {
+				b.Fatal(err)
+			}
+			committed := time.Now()
+			select {
+			case m := <-got:
+				if m != id {
+					b.Fatalf("got %s, want %s", m, id)
+				}
+			case <-time.After(60 * time.Second):
+				b.Fatalf("%s not delivered within 60s", id)
+			}
+			lat = append(lat, time.Since(committed))
+			// Spread the commits over the relay's poll cycle.
+			time.Sleep(time.Duration(i%7) * 3 * time.Millisecond)
+		}
+		b.StopTimer()
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		b.ReportMetric(float64(n), "samples")
+		b.ReportMetric(pct(lat, 0.50).Seconds()*1e3, "p50-ms")
+		b.ReportMetric(pct(lat, 0.99).Seconds()*1e3, "p99-ms")
+	})
+}
