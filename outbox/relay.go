@@ -54,7 +54,13 @@ type RelayConfig struct {
 	// once. Default 256.
 	BatchSize int
 	// Concurrency is how many claimed batches may be in flight at once
-	// (publishing while the next batch is claimed). Default 4.
+	// (publishing while the next batch is claimed). Default 8: the broker
+	// confirms persistent messages in bursts after its fsync (often
+	// 100 ms+ under load), so enough batches must be leased to keep
+	// publishing while earlier ones wait for their confirms. Keep
+	// BatchSize*Concurrency within the publisher's MaxInFlight (4096 by
+	// default); beyond it publishes queue for the window inside
+	// PublishTimeout.
 	Concurrency int
 	// Lease is how long a claimed row stays reserved for this relay; a row
 	// whose relay died is published again after it. Must be well above
@@ -129,7 +135,7 @@ func NewRelay(cfg RelayConfig) *Relay {
 		cfg.BatchSize = 256
 	}
 	if cfg.Concurrency <= 0 {
-		cfg.Concurrency = 4
+		cfg.Concurrency = 8
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = 60 * time.Second

@@ -46,10 +46,16 @@ type Dialect struct {
 	HeadersIn, HeadersOut func(string) string
 	// SkipLocked: append FOR UPDATE SKIP LOCKED to the claim's select.
 	SkipLocked bool
-	// UpdateReturning: claim with one UPDATE … WHERE id IN (SELECT … FOR
-	// UPDATE SKIP LOCKED) RETURNING (PostgreSQL); otherwise select then
-	// update in one transaction.
+	// UpdateReturning: claim with one UPDATE … WHERE id = ANY(ARRAY(SELECT
+	// … FOR UPDATE SKIP LOCKED)) RETURNING (PostgreSQL); otherwise select
+	// then update in one transaction. The ARRAY(…) makes the select an init
+	// plan, so the update probes the primary key for exactly the claimed
+	// ids instead of possibly hash-joining against a scan of the table.
 	UpdateReturning bool
+	// IDArray: pass a list of ids as one array parameter (id = ANY(?))
+	// instead of one placeholder per id (PostgreSQL). One statement text
+	// for every batch size: a single prepared statement, less to parse.
+	IDArray bool
 	// DeleteLimit: purge with DELETE … ORDER BY id LIMIT n (MySQL) instead
 	// of DELETE … WHERE id IN (SELECT … LIMIT n).
 	DeleteLimit bool
@@ -190,6 +196,15 @@ func int64Args(ids []int64) []any {
 	return a
 }
 
+// idList returns the condition on id ("IN (?, …)" or "= ANY(?)") matching
+// ids, and its arguments.
+func (s *SQLStore) idList(ids []int64) (string, []any) {
+	if s.Dialect.IDArray {
+		return "= ANY(?)", []any{ids}
+	}
+	return "IN (" + placeholders(len(ids)) + ")", int64Args(ids)
+}
+
 type scanner interface{ Scan(...any) error }
 
 func scanRow(sc scanner, owner string) (Row, error) {
@@ -227,7 +242,7 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 	}
 	if d.UpdateReturning {
 		q := s.rebind(fmt.Sprintf(
-			"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id IN (SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ?%[4]s) RETURNING %[5]s",
+			"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ?%[4]s)) RETURNING %[5]s",
 			s.table, d.NowPlusMillis("?"), s.claimWhere(ordered), lock, s.cols()))
 		rows, err := s.DB.QueryContext(ctx, q, owner, leaseMS, limit)
 		if err != nil {
@@ -298,9 +313,10 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL WHERE state = 'pending' AND id IN (%s)",
-		s.table, s.Dialect.Now, placeholders(len(ids))))
-	if _, err := s.DB.ExecContext(ctx, q, int64Args(ids)...); err != nil {
+	in, args := s.idList(ids)
+	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL WHERE state = 'pending' AND id %s",
+		s.table, s.Dialect.Now, in))
+	if _, err := s.DB.ExecContext(ctx, q, args...); err != nil {
 		return s.errf("mark sent in", err)
 	}
 	return nil

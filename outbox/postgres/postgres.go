@@ -80,6 +80,7 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 		HeadersOut:      func(col string) string { return col + "::text" },
 		SkipLocked:      true,
 		UpdateReturning: true,
+		IDArray:         true,
 		Migrate:         migrate,
 		AfterInsert:     "SELECT pg_notify($1, '')",
 		AfterInsertArgs: []any{cfg.Channel},
