@@ -202,21 +202,38 @@ func runDemo(t *testing.T, bin string, args ...string) []Ledger {
 }
 
 // The short fault suite (make test): consumers SIGKILLed by the demo and at
-// every crash point by themselves, the publisher resending. Every mode loses
+// every crash point by themselves, the publisher resending, every consumer
+// connection cut twice by the demo's TCP proxy, and the dedup modes' private
+// Redis SIGKILLed and restarted twice — with an fsync-always append-only file
+// (dedup) and without persistence (dedup-nopersist). Every mode loses
 // nothing and dead-letters every malformed message; inbox is exact; the
-// duplicates none and dedup apply are counted, not hidden.
+// duplicates none, dedup and dedup-nopersist apply are counted, not hidden.
 func TestFaultSuiteShort(t *testing.T) {
 	testenv.RequireAMQP(t)
-	testenv.Redis(t)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		testenv.Unavailable(t, "redis-server (binary)", "PATH", err)
+	}
 	bin := buildBank(t)
-	ls := runDemo(t, bin, "--messages", "400", "--kills", "2", "--cuts", "0", "--crash-rate", "0.01", "--queue-type", "classic", "--timeout", "90s")
-	checkLedgers(t, ls)
+	ls := runDemo(t, bin, "--messages", "400", "--kills", "2", "--cuts", "0", "--crash-rate", "0.01",
+		"--redis-restarts", "2", "--proxy-cuts", "2", "--queue-type", "classic", "--timeout", "90s")
+	checkLedgers(t, ls, faultPlan{proxyCuts: 2, redisRestarts: 2})
 }
 
-func checkLedgers(t *testing.T, ls []Ledger) {
+// faultPlan is what a demo run was asked to inject, per mode.
+type faultPlan struct{ proxyCuts, redisRestarts int }
+
+func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 	t.Helper()
-	if len(ls) != 3 {
-		t.Fatalf("%d ledgers, want 3", len(ls))
+	want := []string{"none", "dedup", "inbox"}
+	if plan.redisRestarts > 0 {
+		want = []string{"none", "dedup", "dedup-nopersist", "inbox"}
+	}
+	var got []string
+	for _, l := range ls {
+		got = append(got, l.Mode)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("modes %v, want %v", got, want)
 	}
 	for _, l := range ls {
 		if l.Lost != 0 {
@@ -227,6 +244,12 @@ func checkLedgers(t *testing.T, ls []Ledger) {
 		if l.DeadLettered < l.Malformed {
 			t.Errorf("%s: %d dead letters, want at least %d", l.Mode, l.DeadLettered, l.Malformed)
 		}
+		// Every proxy cut happened mid-run and closed at least one consumer
+		// connection (a cut waits for one to be open).
+		if l.ProxyCuts != plan.proxyCuts || l.ProxyConns < l.ProxyCuts {
+			t.Errorf("%s: %d proxy cuts closing %d connections, want %d cuts closing at least one each",
+				l.Mode, l.ProxyCuts, l.ProxyConns, plan.proxyCuts)
+		}
 		switch l.Mode {
 		case "inbox":
 			if !l.Exact {
@@ -236,6 +259,23 @@ func checkLedgers(t *testing.T, ls []Ledger) {
 			// The publisher resent ~10% of transfers: none must show them.
 			if l.AppliedTwice == 0 {
 				t.Errorf("none mode applied nothing twice despite resends: the demo is not showing the problem")
+			}
+		case "dedup":
+			// The variant ran as asked: a private fsync-always Redis that
+			// kept a key written just before every kill, or the shared one.
+			wantRedis, wantKept := "aof-always", plan.redisRestarts
+			if plan.redisRestarts == 0 {
+				wantRedis = "shared"
+			}
+			if l.Redis != wantRedis || l.RedisRestarts != plan.redisRestarts || l.RedisKept != wantKept {
+				t.Errorf("dedup: Redis %q restarted %d times, data kept %d times; want %q, %d, %d",
+					l.Redis, l.RedisRestarts, l.RedisKept, wantRedis, plan.redisRestarts, wantKept)
+			}
+		case "dedup-nopersist":
+			// A Redis without persistence forgot the key at every restart.
+			if l.Redis != "no-persist" || l.RedisRestarts != plan.redisRestarts || l.RedisKept != 0 {
+				t.Errorf("dedup-nopersist: Redis %q restarted %d times, data kept %d times; want \"no-persist\", %d, 0",
+					l.Redis, l.RedisRestarts, l.RedisKept, plan.redisRestarts)
 			}
 		}
 	}

@@ -5,7 +5,16 @@
 //
 //	bank consume [--mode none|dedup|inbox] [--queue bank.transfers] [--queue-type quorum|classic]
 //	             [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
-//	bank demo    [--messages N] [--kills N] [--modes none,dedup,inbox]
+//	bank demo    [--messages N] [--kills N] [--cuts N] [--proxy-cuts N] [--redis-restarts N]
+//	             [--modes none,dedup,dedup-nopersist,inbox]
+//
+// The demo's faults: consumers SIGKILLed (by the demo and by themselves at
+// crash points), publisher resends, broker connection cuts (rabbitmqctl
+// close_all_connections), cuts of every consumer connection by a TCP proxy
+// of the demo's (--proxy-cuts), and SIGKILL + restart of a private
+// redis-server used by the dedup modes (--redis-restarts): with an
+// append-only file fsynced on every write for dedup, without persistence
+// for dedup-nopersist.
 //
 // A transfer is a persistent message on the default exchange, routing key
 // the queue name, message_id the transfer ID and body
@@ -47,5 +56,6 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   bank consume [--mode none|dedup|inbox] [--queue NAME] [--queue-type quorum|classic]
                [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
-  bank demo    [--messages N] [--kills N] [--modes none,dedup,inbox]`)
+  bank demo    [--messages N] [--kills N] [--cuts N] [--proxy-cuts N] [--redis-restarts N]
+               [--modes none,dedup,dedup-nopersist,inbox]   (bank demo -h for every flag)`)
 }
