@@ -138,18 +138,26 @@ return 0
 // addScript: KEYS[1] the bitmap, KEYS[2] its set-bit counter; ARGV[1] the
 // expiry (unix ms), ARGV[2] the last bit of the bitmap, ARGV[3..] the
 // offsets. A new bitmap is created at its full size at once (an exact
-// allocation, rather than grown by doubling); bits that flip are counted.
+// allocation, rather than grown by doubling) with its expiry, which is
+// fixed per generation; the bits are set by one BITFIELD (one command, not
+// k SETBITs) and the ones that flip are counted.
 var addScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('SETBIT', KEYS[1], ARGV[2], 0)
+  redis.call('PEXPIREAT', KEYS[1], ARGV[1])
 end
-local new = 0
+local ops = {}
 for i = 3, #ARGV do
-  if redis.call('SETBIT', KEYS[1], ARGV[i], 1) == 0 then new = new + 1 end
+  ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = ARGV[i]; ops[#ops + 1] = 1
 end
-if new > 0 then redis.call('INCRBY', KEYS[2], new) end
-redis.call('PEXPIREAT', KEYS[1], ARGV[1])
-redis.call('PEXPIREAT', KEYS[2], ARGV[1])
+local old = redis.call('BITFIELD', KEYS[1], unpack(ops))
+local new = 0
+for i = 1, #old do
+  if old[i] == 0 then new = new + 1 end
+end
+if new > 0 and redis.call('INCRBY', KEYS[2], new) == new then
+  redis.call('PEXPIREAT', KEYS[2], ARGV[1])
+end
 return new
 `)
 

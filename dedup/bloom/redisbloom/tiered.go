@@ -147,14 +147,20 @@ else
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('SETBIT', KEYS[2], ARGV[4], 0)
+  redis.call('PEXPIREAT', KEYS[2], ARGV[3])
 end
-local new = 0
+local ops = {}
 for i = 5, #ARGV do
-  if redis.call('SETBIT', KEYS[2], ARGV[i], 1) == 0 then new = new + 1 end
+  ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = ARGV[i]; ops[#ops + 1] = 1
 end
-if new > 0 then redis.call('INCRBY', KEYS[3], new) end
-redis.call('PEXPIREAT', KEYS[2], ARGV[3])
-redis.call('PEXPIREAT', KEYS[3], ARGV[3])
+local old = redis.call('BITFIELD', KEYS[2], unpack(ops))
+local new = 0
+for i = 1, #old do
+  if old[i] == 0 then new = new + 1 end
+end
+if new > 0 and redis.call('INCRBY', KEYS[3], new) == new then
+  redis.call('PEXPIREAT', KEYS[3], ARGV[3])
+end
 return ours
 `)
 
