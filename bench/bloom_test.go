@@ -47,6 +47,11 @@ func BenchmarkBloom(b *testing.B) {
 		if auto {
 			suffix = "-autopipeline"
 		}
+		// The exact store first, in the same benchmark, so that the
+		// comparison is between neighbours of one run.
+		consumeCase(b, "exact-redis"+suffix, 0, func(b *testing.B, r *run) {
+			guardConsume(b, r, consumerOpts{}, redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: auto}))
+		})
 		// Lease, recent done marker and filter bits in one hash slot, one
 		// script per operation.
 		consumeCase(b, "redisbloom-store"+suffix, 0, func(b *testing.B, r *run) {
