@@ -68,7 +68,7 @@ go-sql-driver DSN. Without --db: IDEMQ_OUTBOX_DB_URL, else IDEMQ_MYSQL_URL for
 	fl.StringVar(&f.amqp, "amqp", "", "AMQP URL (default $IDEMQ_AMQP_URL)")
 	fl.StringVar(&f.table, "table", outbox.DefaultTable, "outbox table")
 	fl.IntVar(&f.batch, "batch", 256, "rows claimed and published concurrently per batch")
-	fl.IntVar(&f.concurrency, "concurrency", 4, "batches in flight at once")
+	fl.IntVar(&f.concurrency, "concurrency", 8, "batches in flight at once; keep batch×concurrency within the publisher's 4096 in-flight confirms")
 	fl.DurationVar(&f.lease, "lease", 60*time.Second, "claim lease; a crashed relay's rows are resent after it")
 	fl.DurationVar(&f.publishTimeout, "publish-timeout", 0, "bound on one publish (default lease/3)")
 	fl.DurationVar(&f.poll, "poll", 50*time.Millisecond, "first idle poll interval")
