@@ -153,12 +153,18 @@ func TestRotationKeepsIDsForTheWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	// at is read before Add and done after it: the ID went in at a time
+	// between the two. Remembered-for-the-window checks use at (the
+	// earliest), forgotten-after checks use done (the latest).
 	type added struct {
-		id string
-		at int64
+		id       string
+		at, done int64
 	}
 	var mu sync.Mutex
 	var all []added
+	// allowed caps the IDs added so far, so that fast writers cannot fill
+	// the filter past its sizing (false positives would then be expected).
+	var allowed, count atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := 0; w < 4; w++ {
@@ -166,16 +172,26 @@ func TestRotationKeepsIDsForTheWindow(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; ; i++ {
+				for count.Load() >= allowed.Load() {
+					select {
+					case <-stop:
+						return
+					default:
+						time.Sleep(50 * time.Microsecond)
+					}
+				}
 				select {
 				case <-stop:
 					return
 				default:
 				}
+				count.Add(1)
 				id := fmt.Sprintf("w%d-%d", w, i)
-				at := clk.Now().UnixNano() // before Add: Add may only see a later time
+				at := clk.Now().UnixNano()
 				f.Add(ctx, id)
+				done := clk.Now().UnixNano()
 				mu.Lock()
-				all = append(all, added{id, at})
+				all = append(all, added{id, at, done})
 				mu.Unlock()
 			}
 		}()
@@ -183,6 +199,7 @@ func TestRotationKeepsIDsForTheWindow(t *testing.T) {
 	checked := 0
 	for step := 0; step < 300; step++ { // 300 × 50ms = 15s of fake time, ~15 rotations
 		clk.Advance(50 * time.Millisecond)
+		allowed.Store(int64(40 * (step + 1)))
 		for { // let the writers add some at this time
 			mu.Lock()
 			n := len(all)
@@ -207,9 +224,9 @@ func TestRotationKeepsIDsForTheWindow(t *testing.T) {
 		}
 		// The oldest ones, a window and a generation later, are gone.
 		for _, a := range snap[:min(len(snap), 50)] {
-			if clk.Now().UnixNano()-a.at > int64(window+2*time.Second) {
+			if clk.Now().UnixNano()-a.done > int64(window+2*time.Second) {
 				if ok, _ := f.Test(ctx, a.id); ok {
-					t.Fatalf("%s still found %v after it was added", a.id, time.Duration(clk.Now().UnixNano()-a.at))
+					t.Fatalf("%s still found %v after it was added", a.id, time.Duration(clk.Now().UnixNano()-a.done))
 				}
 			}
 		}

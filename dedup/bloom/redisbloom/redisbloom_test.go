@@ -163,12 +163,15 @@ func TestRedisFilterRotationConcurrentWriters(t *testing.T) {
 		}
 		fs = append(fs, f)
 	}
+	// at is read before Add and done after it (see the in-process test).
 	type added struct {
-		id string
-		at int64
+		id       string
+		at, done int64
 	}
 	var mu sync.Mutex
 	var all []added
+	// allowed caps the IDs added so far: the filter stays within its sizing.
+	var allowed, count atomic.Int64
 	stop := make(chan struct{})
 	errc := make(chan error, 6)
 	var wg sync.WaitGroup
@@ -178,19 +181,29 @@ func TestRedisFilterRotationConcurrentWriters(t *testing.T) {
 			defer wg.Done()
 			f := fs[w%len(fs)]
 			for i := 0; ; i++ {
+				for count.Load() >= allowed.Load() {
+					select {
+					case <-stop:
+						return
+					default:
+						time.Sleep(100 * time.Microsecond)
+					}
+				}
 				select {
 				case <-stop:
 					return
 				default:
 				}
+				count.Add(1)
 				id := fmt.Sprintf("w%d-%d", w, i)
-				at := clk.Now().UnixNano() // before Add: Add may see a later time only
+				at := clk.Now().UnixNano()
 				if err := f.Add(ctx, id); err != nil {
 					errc <- err
 					return
 				}
+				done := clk.Now().UnixNano()
 				mu.Lock()
-				all = append(all, added{id, at})
+				all = append(all, added{id, at, done})
 				mu.Unlock()
 			}
 		}()
@@ -201,6 +214,7 @@ func TestRedisFilterRotationConcurrentWriters(t *testing.T) {
 	checked := 0
 	for step := 0; step < 120; step++ { // 120 × 125ms = 15s of fake time: ~15 generations
 		clk.Advance(125 * time.Millisecond)
+		allowed.Store(int64(40 * (step + 1)))
 		testenv.Eventually(t, 10*time.Second, "writers add at this time", func() bool {
 			select {
 			case err := <-errc:
@@ -229,7 +243,7 @@ func TestRedisFilterRotationConcurrentWriters(t *testing.T) {
 			}
 		}
 		for i, a := range snap[:min(len(snap), 20)] {
-			if age := clk.Now().UnixNano() - a.at; age > int64(window+2*time.Second) {
+			if age := clk.Now().UnixNano() - a.done; age > int64(window+2*time.Second) {
 				if ok, _ := fs[i%len(fs)].Test(ctx, a.id); ok {
 					t.Fatalf("%s still found %v after it was added", a.id, time.Duration(age))
 				}
