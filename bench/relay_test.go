@@ -16,7 +16,7 @@ import (
 )
 
 // Relay benchmarks (issue: ≥ 10k rows/s; commit→publish p99 < 50 ms with
-// LISTEN/NOTIFY), ported from outbox/postgres/bench_test.go to this module
+// LISTEN/NOTIFY), in this module
 // so they run in `make bench` next to the consumer cases.
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
