@@ -135,30 +135,39 @@ end
 return 0
 `)
 
-// addScript: KEYS[1] the bitmap, KEYS[2] its set-bit counter; ARGV[1] the
-// expiry (unix ms), ARGV[2] the last bit of the bitmap, ARGV[3..] the
-// offsets. A new bitmap is created at its full size at once (an exact
+// luaAddBits defines add_bits(bitmap, counter, expiry, last, first): sets
+// the bits at ARGV[first..] in bitmap and returns how many flipped, counted
+// in counter. A new bitmap is created at its full size at once (an exact
 // allocation, rather than grown by doubling) with its expiry, which is
 // fixed per generation; the bits are set by one BITFIELD (one command, not
-// k SETBITs) and the ones that flip are counted.
-var addScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('SETBIT', KEYS[1], ARGV[2], 0)
-  redis.call('PEXPIREAT', KEYS[1], ARGV[1])
+// k SETBITs). Shared by addScript and the tiered store's Complete.
+const luaAddBits = `
+local function add_bits(bitmap, counter, expiry, last, first)
+  if redis.call('EXISTS', bitmap) == 0 then
+    redis.call('SETBIT', bitmap, last, 0)
+    redis.call('PEXPIREAT', bitmap, expiry)
+  end
+  local ops = {}
+  for i = first, #ARGV do
+    ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = ARGV[i]; ops[#ops + 1] = 1
+  end
+  local old = redis.call('BITFIELD', bitmap, unpack(ops))
+  local new = 0
+  for i = 1, #old do
+    if old[i] == 0 then new = new + 1 end
+  end
+  if new > 0 and redis.call('INCRBY', counter, new) == new then
+    redis.call('PEXPIREAT', counter, expiry)
+  end
+  return new
 end
-local ops = {}
-for i = 3, #ARGV do
-  ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = ARGV[i]; ops[#ops + 1] = 1
-end
-local old = redis.call('BITFIELD', KEYS[1], unpack(ops))
-local new = 0
-for i = 1, #old do
-  if old[i] == 0 then new = new + 1 end
-end
-if new > 0 and redis.call('INCRBY', KEYS[2], new) == new then
-  redis.call('PEXPIREAT', KEYS[2], ARGV[1])
-end
-return new
+`
+
+// addScript: KEYS[1] the bitmap, KEYS[2] its set-bit counter; ARGV[1] the
+// expiry (unix ms), ARGV[2] the last bit of the bitmap, ARGV[3..] the
+// offsets.
+var addScript = redis.NewScript(luaAddBits + `
+return add_bits(KEYS[1], KEYS[2], ARGV[1], ARGV[2], 3)
 `)
 
 // checked returns the generations a lookup at c reads: c+1 (writers whose

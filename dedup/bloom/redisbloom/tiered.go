@@ -135,7 +135,7 @@ return {1, 0}
 // Replies 1 when processing(token) became done, 0 when the record was not
 // ours but the key is now done (absent or done already), -1 when another
 // token holds a live lease (nothing written).
-var tieredComplete = redis.NewScript(`
+var tieredComplete = redis.NewScript(luaAddBits + `
 local v = redis.call('GET', KEYS[1])
 local ours = 0
 if v == 'p:' .. ARGV[1] then ours = 1
@@ -145,22 +145,7 @@ if ARGV[2] ~= '0' then
 else
   redis.call('DEL', KEYS[1])
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('SETBIT', KEYS[2], ARGV[4], 0)
-  redis.call('PEXPIREAT', KEYS[2], ARGV[3])
-end
-local ops = {}
-for i = 5, #ARGV do
-  ops[#ops + 1] = 'SET'; ops[#ops + 1] = 'u1'; ops[#ops + 1] = ARGV[i]; ops[#ops + 1] = 1
-end
-local old = redis.call('BITFIELD', KEYS[2], unpack(ops))
-local new = 0
-for i = 1, #old do
-  if old[i] == 0 then new = new + 1 end
-end
-if new > 0 and redis.call('INCRBY', KEYS[3], new) == new then
-  redis.call('PEXPIREAT', KEYS[3], ARGV[3])
-end
+add_bits(KEYS[2], KEYS[3], ARGV[3], ARGV[4], 5)
 return ours
 `)
 
