@@ -142,12 +142,21 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return s.fail("migrate", err)
 	}
 	for _, m := range s.st.migrate {
-		if _, err := s.exec(ctx, m, [numArgs]any{}); err != nil {
+		// Migrations race with other processes opening the same database,
+		// so they are retried for longer than a claim (about 3 s in all).
+		err := s.retryN(ctx, migrateRetries, func() error {
+			_, err := s.db.Exec(ctx, m.query, m.bind([numArgs]any{})...)
+			return err
+		})
+		if err != nil {
 			return s.fail("migrate", err)
 		}
 	}
 	return nil
 }
+
+// migrateRetries bounds the retries of one migration statement.
+const migrateRetries = 20
 
 func (s *Store) fail(op string, err error) error {
 	return &dedup.StoreError{Op: op, Err: fmt.Errorf("%s: %w", s.d.Name, err)}
@@ -179,12 +188,18 @@ const maxRetries = 5
 
 // retry runs fn again after a transient error the dialect recognises.
 func (s *Store) retry(ctx context.Context, fn func() error) error {
+	return s.retryN(ctx, maxRetries, fn)
+}
+
+// retryN is retry with at most n retries, waiting 1, 2, 4 … ms (at most
+// 200 ms) between them.
+func (s *Store) retryN(ctx context.Context, n int, fn func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := fn()
-		if err == nil || s.d.Retryable == nil || !s.d.Retryable(err) || attempt == maxRetries {
+		if err == nil || s.d.Retryable == nil || !s.d.Retryable(err) || attempt == n {
 			return err
 		}
-		t := time.NewTimer(time.Duration(1<<attempt) * time.Millisecond)
+		t := time.NewTimer(min(time.Duration(1<<min(attempt, 10))*time.Millisecond, 200*time.Millisecond))
 		select {
 		case <-ctx.Done():
 			t.Stop()

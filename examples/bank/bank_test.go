@@ -175,13 +175,26 @@ func FuzzParseTransfer(f *testing.F) {
 	})
 }
 
+// demoDeadline bounds one `bank demo` run in the tests (a short run takes
+// 15–60 s).
+const demoDeadline = 5 * time.Minute
+
 // runDemo runs `bank demo` and returns its ledgers.
 func runDemo(t *testing.T, bin string, args ...string) []Ledger {
 	t.Helper()
 	jsonPath := filepath.Join(t.TempDir(), "ledger.json")
-	cmd := exec.Command(bin, append([]string{"demo", "--json", jsonPath}, args...)...)
+	// A demo that hangs fails here with its goroutines (SIGQUIT), well
+	// before the package's test timeout would kill everything silently.
+	ctx, cancel := context.WithTimeout(context.Background(), demoDeadline)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"demo", "--json", jsonPath}, args...)...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
+	cmd.WaitDelay = 15 * time.Second
 	cmd.Env = testenv.Env()
 	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("bank demo %v did not finish within %v:\n%s", args, demoDeadline, out)
+	}
 	t.Logf("bank demo %v:\n%s", args, out)
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
@@ -238,6 +251,9 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 	for _, l := range ls {
 		if l.Lost != 0 {
 			t.Errorf("%s: %d transfers lost", l.Mode, l.Lost)
+		}
+		if l.StuckOnSigterm != 0 {
+			t.Errorf("%s: %d consumers did not exit on SIGTERM", l.Mode, l.StuckOnSigterm)
 		}
 		// A kill between the dead-letter confirm and the ack may duplicate
 		// a dead letter; none may be missing.

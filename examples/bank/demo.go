@@ -174,6 +174,8 @@ type ledger struct {
 	redis                    string
 	redisRestarts, redisKept int
 	proxyCuts, proxyConns    int
+	// stuck counts consumers that did not exit within stopGrace of SIGTERM.
+	stuck int
 }
 
 // Ledger is the JSON form of one mode's results (bank demo --json).
@@ -208,6 +210,9 @@ type Ledger struct {
 	ProxyConns  int   `json:"proxy_connections_cut"`
 	Reconnects  int64 `json:"consumer_reconnects"`
 	StoreErrors int64 `json:"dedup_store_errors"`
+	// StuckOnSigterm counts consumers still running a minute after SIGTERM
+	// (then SIGQUIT for a goroutine dump in their log, then SIGKILL).
+	StuckOnSigterm int `json:"stuck_on_sigterm"`
 }
 
 func writeLedgers(path string, ls []*ledger) error {
@@ -218,7 +223,7 @@ func writeLedgers(path string, ls []*ledger) error {
 			AppliedTwice: l.twice, Lost: l.lost, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts,
-			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors})
+			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck})
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
@@ -284,12 +289,21 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	// The children's logs are kept when one of them hung on SIGTERM: its
+	// goroutine dump is in there.
+	var l *ledger
+	defer func() {
+		if l != nil && l.stuck > 0 {
+			fmt.Fprintf(os.Stderr, "%s: consumer logs kept in %s\n", mode, dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}()
 	q := bankQueue(queue, o.queueType)
 	topo := topology.Topology{Queues: []topology.Queue{q}}
 	defer deleteQueues(o.amqpURL, topology.ForQueue(q))
 
-	l := &ledger{mode: mode, reasons: map[string]int{}, redis: "-"}
+	l = &ledger{mode: mode, reasons: map[string]int{}, redis: "-"}
 	// co is what the crash-prone consumers get: the proxy's URL and the
 	// mode's Redis. The publisher, the final clean consumer and the demo's
 	// own bookkeeping go to the broker directly.
@@ -348,7 +362,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	}
 	defer pool.Close()
 
-	sup := newSupervisor(co, mode, queue, dbURL, dir)
+	sup := newSupervisor("crashy", co, mode, queue, dbURL, dir)
 	sup.start(o.consumers)
 	// The proxy cuts and Redis restarts fire as the consumers progress, so
 	// they hit the run in the middle whatever the publishing speed.
@@ -447,7 +461,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	// Let the crash-prone consumers go, and finish with one clean consumer
 	// so that everything still queued (redeliveries after a kill) is seen.
 	sup.stopAll()
-	final := newSupervisor(demoOpts{amqpURL: o.amqpURL, redisURL: co.redisURL, queueType: o.queueType}, mode, queue, dbURL, dir)
+	final := newSupervisor("final", demoOpts{amqpURL: o.amqpURL, redisURL: co.redisURL, queueType: o.queueType}, mode, queue, dbURL, dir)
 	final.start(1)
 	quiet := time.Now().Add(o.timeout / 4)
 	for time.Now().Before(quiet) && ctx.Err() == nil {
@@ -460,6 +474,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	final.stopAll() // SIGTERM: finishes in-flight work and acks it
 	l.crashes = sup.crashes()
 	l.restarted = sup.restarts()
+	l.stuck = sup.stuck() + final.stuck()
 	for _, s := range append(sup.stats(), final.stats()...) {
 		l.deliveries += s[idemq.CountDelivered]
 		l.redeliveries += s[idemq.CountRedelivered]
@@ -659,10 +674,12 @@ type supervisor struct {
 	stopping               atomic.Bool
 	wg                     sync.WaitGroup
 	crashN, restartN, seqN atomic.Int64
+	stuckN                 atomic.Int64
+	name                   string // names its children's log and stats files
 }
 
-func newSupervisor(o demoOpts, mode, queue, db, dir string) *supervisor {
-	return &supervisor{o: o, mode: mode, queue: queue, db: db, dir: dir, procs: map[int]*exec.Cmd{}}
+func newSupervisor(name string, o demoOpts, mode, queue, db, dir string) *supervisor {
+	return &supervisor{name: name, o: o, mode: mode, queue: queue, db: db, dir: dir, procs: map[int]*exec.Cmd{}}
 }
 
 func (s *supervisor) start(n int) {
@@ -680,7 +697,7 @@ func (s *supervisor) run(slot int) {
 			s.restartN.Add(1)
 		}
 		seq := s.seqN.Add(1)
-		stats := filepath.Join(s.dir, fmt.Sprintf("stats-%d.json", seq))
+		stats := filepath.Join(s.dir, fmt.Sprintf("stats-%s-%d.json", s.name, seq))
 		cmd := exec.Command(self, "consume", "--mode", consumerMode(s.mode), "--queue", s.queue, "--queue-type", s.o.queueType,
 			"--amqp", s.o.amqpURL, "--postgres", s.db, "--redis", s.o.redisURL, "--stats", stats,
 			"--lease", "2s", "--workers", "4", "--prefetch", "50")
@@ -689,15 +706,26 @@ func (s *supervisor) run(slot int) {
 			cmd.Env = append(cmd.Env, "IDEMQ_BANK_CRASH=before-claim,in-handler,after-commit,before-ack",
 				fmt.Sprintf("IDEMQ_BANK_CRASH_RATE=%g", s.o.crashRate))
 		}
-		logf, _ := os.Create(filepath.Join(s.dir, fmt.Sprintf("consumer-%d.log", seq)))
+		logf, _ := os.Create(filepath.Join(s.dir, fmt.Sprintf("consumer-%s-%d.log", s.name, seq)))
 		cmd.Stdout, cmd.Stderr = logf, logf
+		setPdeathsig(cmd)
+		// Start and register under mu, checking stopping there too: stopAll
+		// sets stopping under mu, so a child is either started before it
+		// (and gets its SIGTERM) or not at all. Without this a child started
+		// just as stopAll ran got no signal and stopAll waited for ever.
+		s.mu.Lock()
+		if s.stopping.Load() {
+			s.mu.Unlock()
+			logf.Close()
+			return
+		}
 		if err := cmd.Start(); err != nil {
+			s.mu.Unlock()
 			fmt.Fprintln(os.Stderr, "start consumer:", err)
 			logf.Close()
 			time.Sleep(time.Second)
 			continue
 		}
-		s.mu.Lock()
 		s.procs[slot] = cmd
 		s.statFiles = append(s.statFiles, stats)
 		s.mu.Unlock()
@@ -741,16 +769,51 @@ func (s *supervisor) killOne(rng *rand.Rand) bool {
 	return cmd.Process.Signal(syscall.SIGKILL) == nil
 }
 
-// stopAll sends SIGTERM to every child and waits for them to exit.
+// stopGrace is how long a consumer has to exit after SIGTERM (its own
+// ShutdownTimeout is 10 s) before stopAll takes it for hung.
+const stopGrace = 60 * time.Second
+
+// stopAll sends SIGTERM to every child and waits for them to exit. A child
+// still running after stopGrace breaks the contract (SIGTERM: finish and
+// exit 0): it gets SIGQUIT, so its goroutines are dumped into its log, then
+// SIGKILL, and is counted in stuck.
 func (s *supervisor) stopAll() {
-	s.stopping.Store(true)
 	s.mu.Lock()
+	s.stopping.Store(true)
 	for _, cmd := range s.procs {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 	}
 	s.mu.Unlock()
-	s.wg.Wait()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(stopGrace):
+	}
+	s.mu.Lock()
+	for slot, cmd := range s.procs {
+		s.stuckN.Add(1)
+		fmt.Fprintf(os.Stderr, "consumer %s/%d (pid %d) still running %v after SIGTERM: SIGQUIT, then SIGKILL\n",
+			s.name, slot, cmd.Process.Pid, stopGrace)
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+	}
+	s.mu.Unlock()
+	select {
+	case <-done:
+		return
+	case <-time.After(5 * time.Second):
+	}
+	s.mu.Lock()
+	for _, cmd := range s.procs {
+		_ = cmd.Process.Kill()
+	}
+	s.mu.Unlock()
+	<-done
 }
+
+// stuck counts children that did not exit within stopGrace of SIGTERM.
+func (s *supervisor) stuck() int { return int(s.stuckN.Load()) }
 
 // crashes counts children that died of SIGKILL, whoever sent it; the
 // demo's own kills are a subset.
@@ -803,6 +866,7 @@ func printLedgers(w io.Writer, ls []*ledger) {
 	row("broker cuts / proxy cuts (conns)", func(l *ledger) string {
 		return fmt.Sprintf("%d/%d (%d)", l.cuts, l.proxyCuts, l.proxyConns)
 	})
+	row("consumers stuck after SIGTERM", func(l *ledger) string { return itoa(int64(l.stuck)) })
 	row("consumer reconnects (≈)", func(l *ledger) string { return itoa(l.reconnects) })
 	row("dedup Redis", func(l *ledger) string { return l.redis })
 	row("Redis kill -9+restart (data kept)", func(l *ledger) string {

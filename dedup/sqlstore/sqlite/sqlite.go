@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"net/url"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"modernc.org/sqlite" // also registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/idemq/idemq/dedup/sqlstore"
 )
@@ -74,6 +75,25 @@ VALUES (@key, 'done', '', {now} + @window)
 ON CONFLICT ({key}) DO UPDATE
 SET state = 'done', owner = '', expires_at = excluded.expires_at
 WHERE expires_at <= {now}`,
-		Purge: `DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE expires_at <= {now} LIMIT @batch)`,
+		Purge:     `DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE expires_at <= {now} LIMIT @batch)`,
+		Retryable: retryable,
 	}
+}
+
+// retryable reports SQLITE_BUSY and SQLITE_LOCKED (extended codes
+// included). The busy timeout covers most lock waits, but SQLite returns
+// BUSY at once, without calling the busy handler, where waiting could
+// deadlock — for example when several connections to a new database switch
+// it to WAL at the same moment. The statement had no effect and may run
+// again.
+func retryable(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return true
+	}
+	return false
 }
