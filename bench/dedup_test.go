@@ -59,6 +59,9 @@ func createDB(b *testing.B, name string) string {
 	if err != nil {
 		b.Fatalf("PostgreSQL not reachable (%v): run `make services`", err)
 	}
+	// The pid keeps two benchmark runs on one server (a smoke run beside a
+	// full one) out of each other's databases.
+	name = fmt.Sprintf("%s_p%d", name, os.Getpid())
 	ident := pgx.Identifier{name}.Sanitize()
 	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+ident); err != nil {

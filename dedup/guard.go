@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/coalesce"
 )
 
 // Requeue reasons the guard gives the consumer (idemq.RequeueError.Reason).
@@ -51,6 +52,13 @@ type Config struct {
 	InFlightRetryAfter time.Duration
 	// StoreTimeout bounds every store call. Default 5s.
 	StoreTimeout time.Duration
+	// MaxBatch bounds how many concurrent Claim (or Complete) calls share
+	// one store round trip when the store implements [BatchStore]. Calls
+	// are grouped the way a database groups commits: one made while no
+	// batch is in flight leaves at once, the ones made meanwhile leave
+	// together next, so there is no added wait. Default 128; 1 turns
+	// grouping off (one round trip per call).
+	MaxBatch int
 	// ID says where the message ID comes from (see [IDConfig]).
 	ID IDConfig
 	// Logger; default slog.Default().
@@ -75,6 +83,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StoreTimeout <= 0 {
 		c.StoreTimeout = 5 * time.Second
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 128
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -120,6 +131,15 @@ func Guard(store Store, cfg Config) idemq.Middleware {
 		panic("dedup.Guard: nil store")
 	}
 	g := &guard{store: store, cfg: cfg.withDefaults()}
+	if bs, ok := store.(BatchStore); ok && g.cfg.MaxBatch > 1 {
+		bc := coalesce.Config{MaxBatch: g.cfg.MaxBatch, Timeout: g.cfg.StoreTimeout}
+		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
+			return ClaimReply{Err: &StoreError{Op: "claim", Err: err}}
+		}, bc)
+		g.completes = coalesce.New(bs.CompleteBatch, func(err error) error {
+			return &StoreError{Op: "complete", Err: err}
+		}, bc)
+	}
 	return func(next idemq.Handler) idemq.Handler {
 		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 			return g.handle(ctx, d, next)
@@ -130,6 +150,36 @@ func Guard(store Store, cfg Config) idemq.Middleware {
 type guard struct {
 	store Store
 	cfg   Config
+	// claims and completes group concurrent calls when the store is a
+	// BatchStore; nil otherwise.
+	claims    *coalesce.Batcher[ClaimRequest, ClaimReply]
+	completes *coalesce.Batcher[CompleteRequest, error]
+}
+
+// claim asks the store for a lease, in a group of concurrent claims when it
+// can.
+func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
+	if g.claims == nil {
+		cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
+		defer cancel()
+		return g.store.Claim(cctx, key, token, g.cfg.Lease)
+	}
+	if err := ctx.Err(); err != nil {
+		return Claim{}, &StoreError{Op: "claim", Err: err}
+	}
+	r := g.claims.Do(ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
+	return r.Claim, r.Err
+}
+
+// completeOnce marks the record done, in a group of concurrent completes
+// when it can. It runs even when the handler's context has ended.
+func (g *guard) completeOnce(ctx context.Context, key, token string) error {
+	if g.completes == nil {
+		sctx, cancel := g.storeCtx(ctx)
+		defer cancel()
+		return g.store.Complete(sctx, key, token, g.cfg.Window)
+	}
+	return g.completes.Do(CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
 }
 
 type idKey struct{}
@@ -156,9 +206,7 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	token := rand.Text()
 	log := g.cfg.Logger.With("key", key)
 
-	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
-	claim, err := g.store.Claim(cctx, key, token, g.cfg.Lease)
-	cancel()
+	claim, err := g.claim(ctx, key, token)
 	if err != nil {
 		if errors.Is(err, ErrInvalidKey) {
 			return idemq.Reject(idemq.ReasonInvalidID, fmt.Errorf("dedup key for message %q: %w", id, err))
@@ -280,9 +328,7 @@ func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token str
 		if attempt > 0 {
 			time.Sleep(pause)
 		}
-		sctx, cancel := g.storeCtx(ctx)
-		err = g.store.Complete(sctx, key, token, g.cfg.Window)
-		cancel()
+		err = g.completeOnce(ctx, key, token)
 		if err == nil {
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,6 +299,107 @@ func TestGuardUncertainIsSetAsideNeverRunNorAcked(t *testing.T) {
 			}
 			if u, se, fo := counters.Get(idemq.CountUncertain), counters.Get(idemq.CountStoreErrors), counters.Get(idemq.CountFailOpen); u != 1 || se != 0 || fo != 0 {
 				t.Fatalf("uncertain %d store_errors %d fail_open %d, want 1 0 0", u, se, fo)
+			}
+		})
+	}
+}
+
+// batchingMemory is the memory store with the BatchStore methods (a loop of
+// single calls), counting the batches, so the guard's grouping can be
+// checked without a server.
+type batchingMemory struct {
+	*dedup.Memory
+	mu                      sync.Mutex
+	claimBatches, claimReqs int
+	completeReqs            int
+}
+
+func (m *batchingMemory) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
+	time.Sleep(2 * time.Millisecond) // a round trip, so calls pile up
+	out := make([]dedup.ClaimReply, len(reqs))
+	for i, r := range reqs {
+		out[i].Claim, out[i].Err = m.Claim(ctx, r.Key, r.Token, r.Lease)
+	}
+	m.mu.Lock()
+	m.claimBatches++
+	m.claimReqs += len(reqs)
+	m.mu.Unlock()
+	return out
+}
+
+func (m *batchingMemory) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
+	out := make([]error, len(reqs))
+	for i, r := range reqs {
+		out[i] = m.Complete(ctx, r.Key, r.Token, r.Window)
+	}
+	m.mu.Lock()
+	m.completeReqs += len(reqs)
+	m.mu.Unlock()
+	return out
+}
+
+func TestGuardGroupsConcurrentCallsOfABatchStore(t *testing.T) {
+	tests := []struct {
+		name     string
+		maxBatch int
+		grouped  bool
+	}{
+		{"default groups", 0, true},
+		{"MaxBatch 1 does not", 1, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &batchingMemory{Memory: dedup.NewMemory(dedup.MemoryConfig{})}
+			counters := &idemq.Counters{}
+			ctx := idemq.WithRecorder(context.Background(), counters)
+			var runs sync.Map
+			h := idemq.Chain(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+				if _, loaded := runs.LoadOrStore(d.MessageID, true); loaded {
+					t.Errorf("handler ran twice for %s", d.MessageID)
+				}
+				return nil
+			}), dedup.Guard(st, dedup.Config{Logger: quiet(), MaxBatch: tc.maxBatch}))
+			const workers, ids = 32, 400
+			var wg sync.WaitGroup
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					// Every ID twice, from different workers: one run, one
+					// suppressed duplicate (or an in-flight requeue when
+					// both copies are at the guard at once).
+					for i := w; i < 2*ids; i += workers {
+						err := h.Handle(ctx, delivery(fmt.Sprint(i%ids)))
+						var rq *idemq.RequeueError
+						if err != nil && !errors.As(err, &rq) {
+							t.Errorf("Handle(%d): %v", i%ids, err)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			n := 0
+			runs.Range(func(any, any) bool { n++; return true })
+			if n != ids {
+				t.Fatalf("%d distinct IDs ran, want %d", n, ids)
+			}
+			for i := 0; i < ids; i++ {
+				rec, ok, err := st.Get(context.Background(), dedup.Key("idemq", "g", fmt.Sprint(i)))
+				if _, ran := runs.Load(fmt.Sprint(i)); ran && (err != nil || !ok || rec.State != dedup.StateDone) {
+					t.Fatalf("ID %d ran but its record is %+v (ok=%v, err=%v), want done", i, rec, ok, err)
+				}
+			}
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			if tc.grouped {
+				if st.claimBatches == 0 || st.claimReqs <= st.claimBatches {
+					t.Fatalf("%d claims in %d batches: not grouped", st.claimReqs, st.claimBatches)
+				}
+				if st.completeReqs != n {
+					t.Fatalf("%d completes through CompleteBatch, want %d", st.completeReqs, n)
+				}
+			} else if st.claimBatches != 0 || st.completeReqs != 0 {
+				t.Fatalf("MaxBatch 1 still used the batch calls (%d claim batches, %d completes)", st.claimBatches, st.completeReqs)
 			}
 		})
 	}

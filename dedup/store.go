@@ -133,3 +133,34 @@ func ValidateKey(key string) error {
 	}
 	return nil
 }
+
+// BatchStore is implemented by stores that can answer many claims, or many
+// completes, in one round trip (Redis: one pipeline). When the store has it,
+// the guard groups the Claim and Complete calls its concurrent deliveries
+// make (see Config.MaxBatch): the semantics of each request are exactly
+// those of the single call, only the round trips are shared.
+type BatchStore interface {
+	Store
+	// ClaimBatch answers each request as Claim would, in order.
+	ClaimBatch(ctx context.Context, reqs []ClaimRequest) []ClaimReply
+	// CompleteBatch answers each request as Complete would, in order.
+	CompleteBatch(ctx context.Context, reqs []CompleteRequest) []error
+}
+
+// ClaimRequest is one Claim in a [BatchStore.ClaimBatch].
+type ClaimRequest struct {
+	Key, Token string
+	Lease      time.Duration
+}
+
+// ClaimReply is the answer to one [ClaimRequest]: what Claim would return.
+type ClaimReply struct {
+	Claim Claim
+	Err   error
+}
+
+// CompleteRequest is one Complete in a [BatchStore.CompleteBatch].
+type CompleteRequest struct {
+	Key, Token string
+	Window     time.Duration
+}

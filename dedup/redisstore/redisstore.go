@@ -29,30 +29,41 @@ type Config struct {
 // Store is a Redis dedup store. It does not own the client: close the
 // client yourself.
 type Store struct {
-	client redis.UniversalClient
+	client redis.UniversalClient // single calls (the autopipeliner if asked for)
+	raw    redis.UniversalClient // explicit pipelines of the batch calls
 	cfg    Config
 }
 
 var (
-	_ dedup.Store     = (*Store)(nil)
-	_ dedup.Inspector = (*Store)(nil)
+	_ dedup.Store      = (*Store)(nil)
+	_ dedup.BatchStore = (*Store)(nil)
+	_ dedup.Inspector  = (*Store)(nil)
 )
 
 // New returns a store on client.
 func New(client redis.UniversalClient, cfg Config) *Store {
+	s := &Store{client: client, raw: client, cfg: cfg}
 	if cfg.AutoPipeline {
 		if ap, err := client.AutoPipeline(); err == nil {
-			client = ap
+			s.client = ap
 		}
 	}
-	return &Store{client: client, cfg: cfg}
+	return s
 }
 
 // RedisKey is the Redis key that holds the record of a guard key.
 func (s *Store) RedisKey(key string) string { return s.cfg.KeyPrefix + "{" + key + "}" }
 
 // Values: "p:<token>" = processing, owned by token; "d" = done.
-// Claim returns {1, 0} acquired, {2, pttl} in flight, {3, 0} done.
+//
+// A claim first tries SET key p:<token> NX PX lease, which takes a new key
+// with a plain command (no script for Redis to run); only when the key
+// exists does it run claimScript to tell done, in flight and "already
+// mine" apart. Both steps are atomic on their own and the second decides
+// from what it reads, so a key that changes between them is answered
+// correctly.
+//
+// claimScript returns {1, 0} acquired, {2, pttl} in flight, {3, 0} done.
 var claimScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 local mine = 'p:' .. ARGV[1]
@@ -128,11 +139,129 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 	if err := s.prepare(ctx, "claim", key); err != nil {
 		return dedup.Claim{}, err
 	}
-	vals, err := claimScript.Run(ctx, s.client, []string{s.RedisKey(key)}, token, ms(lease)).Int64Slice()
+	rk := s.RedisKey(key)
+	ok, err := s.client.SetNX(ctx, rk, "p:"+token, msDuration(lease)).Result()
+	if err != nil {
+		return dedup.Claim{}, storeErr("claim", err)
+	}
+	if ok {
+		return dedup.Claim{Result: dedup.Acquired}, nil
+	}
+	vals, err := claimScript.Run(ctx, s.client, []string{rk}, token, ms(lease)).Int64Slice()
 	if err != nil {
 		return dedup.Claim{}, storeErr("claim", err)
 	}
 	return claimResult(vals)
+}
+
+// msDuration rounds d up to whole milliseconds (at least 1), so go-redis
+// sends PX, as the scripts do.
+func msDuration(d time.Duration) time.Duration { return time.Duration(ms(d)) * time.Millisecond }
+
+// ClaimBatch implements [dedup.BatchStore]: one pipeline of SET NX for all
+// the keys, then one pipeline of claim scripts for the keys that existed.
+func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
+	out := make([]dedup.ClaimReply, len(reqs))
+	pipe := s.raw.Pipeline()
+	setnx := make([]*redis.BoolCmd, len(reqs))
+	for i, r := range reqs {
+		if err := s.prepare(ctx, "claim", r.Key); err != nil {
+			out[i].Err = err
+			continue
+		}
+		setnx[i] = pipe.SetNX(ctx, s.RedisKey(r.Key), "p:"+r.Token, msDuration(r.Lease))
+	}
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx) // errors are read per command
+	}
+	var exists []int
+	for i, c := range setnx {
+		if c == nil {
+			continue
+		}
+		ok, err := c.Result()
+		switch {
+		case err != nil:
+			out[i].Err = storeErr("claim", err)
+		case ok:
+			out[i].Claim = dedup.Claim{Result: dedup.Acquired}
+		default:
+			exists = append(exists, i)
+		}
+	}
+	if len(exists) == 0 {
+		return out
+	}
+	cmds := s.scripts(ctx, claimScript, exists, func(i int) ([]string, []any) {
+		return []string{s.RedisKey(reqs[i].Key)}, []any{reqs[i].Token, ms(reqs[i].Lease)}
+	})
+	for j, i := range exists {
+		vals, err := cmds[j].Int64Slice()
+		if err != nil {
+			out[i].Err = storeErr("claim", err)
+			continue
+		}
+		out[i].Claim, out[i].Err = claimResult(vals)
+	}
+	return out
+}
+
+// CompleteBatch implements [dedup.BatchStore]: one pipeline of complete
+// scripts.
+func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
+	out := make([]error, len(reqs))
+	var idx []int
+	for i, r := range reqs {
+		if err := s.prepare(ctx, "complete", r.Key); err != nil {
+			out[i] = err
+			continue
+		}
+		idx = append(idx, i)
+	}
+	if len(idx) == 0 {
+		return out
+	}
+	cmds := s.scripts(ctx, completeScript, idx, func(i int) ([]string, []any) {
+		return []string{s.RedisKey(reqs[i].Key)}, []any{reqs[i].Token, ms(max(reqs[i].Window, time.Millisecond))}
+	})
+	for j, i := range idx {
+		n, err := cmds[j].Int64()
+		switch {
+		case err != nil:
+			out[i] = storeErr("complete", err)
+		case n != 1:
+			out[i] = dedup.ErrLeaseLost
+		}
+	}
+	return out
+}
+
+// scripts runs script once per index in one pipeline of EVALSHA, and again
+// with EVAL for the ones Redis did not have cached (NOSCRIPT: a restarted
+// or flushed server).
+func (s *Store) scripts(ctx context.Context, script *redis.Script, idx []int, args func(i int) ([]string, []any)) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(idx))
+	pipe := s.raw.Pipeline()
+	for j, i := range idx {
+		keys, a := args(i)
+		cmds[j] = script.EvalSha(ctx, pipe, keys, a...)
+	}
+	_, _ = pipe.Exec(ctx)
+	var missing []int
+	for j, c := range cmds {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			missing = append(missing, j)
+		}
+	}
+	if len(missing) > 0 {
+		pipe := s.raw.Pipeline()
+		for _, j := range missing {
+			keys, a := args(idx[j])
+			cmds[j] = script.Eval(ctx, pipe, keys, a...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmds
 }
 
 func claimResult(vals []int64) (dedup.Claim, error) {

@@ -64,6 +64,9 @@ func Run(t *testing.T, s Suite) {
 		{"CancelledContextIsAnError", cancelledContext},
 		{"InvalidKeyRejected", invalidKey},
 		{"StoreErrorsSurfaceAsErrors", storeErrors},
+		{"BatchAnswersAsSingleCalls", batchAnswers},
+		{"BatchConcurrentOneAcquires", batchConcurrent},
+		{"BatchOnBrokenStoreFails", batchBroken},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, s) })
@@ -375,5 +378,151 @@ func storeErrors(t *testing.T, s Suite) {
 	}
 	if err := st.Extend(ctx(t), k, "t", long); err == nil || errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("Extend on a broken store: %v, want a store error", err)
+	}
+}
+
+// batchStore skips nothing silently: a store that does not implement
+// dedup.BatchStore has nothing to check here, and says so in the log.
+func batchStore(t *testing.T, st dedup.Store) dedup.BatchStore {
+	t.Helper()
+	bs, ok := st.(dedup.BatchStore)
+	if !ok {
+		t.Logf("%T does not implement dedup.BatchStore: the single calls above are its whole contract", st)
+	}
+	return bs
+}
+
+// batchAnswers: every request of a batch gets the answer the single call
+// would give, whatever state its key is in, and in order.
+func batchAnswers(t *testing.T, s Suite) {
+	st := s.New(t)
+	bs := batchStore(t, st)
+	if bs == nil {
+		return
+	}
+	kNew, kMine, kOther, kDone := key(t, "new"), key(t, "mine"), key(t, "other"), key(t, "done")
+	mustClaim(t, st, kMine, "me", long, dedup.Acquired)
+	mustClaim(t, st, kOther, "them", long, dedup.Acquired)
+	mustClaim(t, st, kDone, "x", long, dedup.Acquired)
+	if err := st.Complete(ctx(t), kDone, "x", long); err != nil {
+		t.Fatal(err)
+	}
+	reqs := []dedup.ClaimRequest{
+		{Key: kNew, Token: "me", Lease: long},
+		{Key: kMine, Token: "me", Lease: long},
+		{Key: kOther, Token: "me", Lease: long},
+		{Key: kDone, Token: "me", Lease: long},
+		{Key: "", Token: "me", Lease: long},
+	}
+	want := []dedup.ClaimResult{dedup.Acquired, dedup.Acquired, dedup.InFlight, dedup.Done, 0}
+	got := bs.ClaimBatch(ctx(t), reqs)
+	if len(got) != len(reqs) {
+		t.Fatalf("ClaimBatch answered %d of %d requests", len(got), len(reqs))
+	}
+	for i, r := range got {
+		if want[i] == 0 {
+			if !errors.Is(r.Err, dedup.ErrInvalidKey) {
+				t.Errorf("request %d (empty key): %+v, want ErrInvalidKey", i, r)
+			}
+			continue
+		}
+		if r.Err != nil || r.Claim.Result != want[i] {
+			t.Errorf("request %d (%s): %+v, want %v", i, reqs[i].Key, r, want[i])
+		}
+	}
+	if got[2].Claim.LeaseLeft < 0 || got[2].Claim.LeaseLeft > long {
+		t.Errorf("in-flight LeaseLeft = %v, want within [0, %v]", got[2].Claim.LeaseLeft, long)
+	}
+	// The new key is now ours: another token is refused.
+	mustClaim(t, st, kNew, "them", long, dedup.InFlight)
+
+	errs := bs.CompleteBatch(ctx(t), []dedup.CompleteRequest{
+		{Key: kNew, Token: "me", Window: long},
+		{Key: kOther, Token: "me", Window: long}, // not ours: their lease stands
+		{Key: kMine, Token: "me", Window: long},
+		{Key: "", Token: "me", Window: long},
+	})
+	if len(errs) != 4 {
+		t.Fatalf("CompleteBatch answered %d of 4 requests", len(errs))
+	}
+	if errs[0] != nil || errs[2] != nil {
+		t.Errorf("CompleteBatch of our own leases: %v, %v", errs[0], errs[2])
+	}
+	if !errors.Is(errs[1], dedup.ErrLeaseLost) {
+		t.Errorf("CompleteBatch of another token's lease: %v, want ErrLeaseLost", errs[1])
+	}
+	if !errors.Is(errs[3], dedup.ErrInvalidKey) {
+		t.Errorf("CompleteBatch of an empty key: %v, want ErrInvalidKey", errs[3])
+	}
+	mustClaim(t, st, kNew, "later", long, dedup.Done)
+	mustClaim(t, st, kMine, "later", long, dedup.Done)
+	mustClaim(t, st, kOther, "later", long, dedup.InFlight)
+}
+
+// batchConcurrent: batches racing on the same keys still let exactly one
+// token acquire each key.
+func batchConcurrent(t *testing.T, s Suite) {
+	st := s.New(t)
+	bs := batchStore(t, st)
+	if bs == nil {
+		return
+	}
+	const keys, racers = 20, 8
+	var mu sync.Mutex
+	winners := map[string]int{}
+	var wg sync.WaitGroup
+	for r := 0; r < racers; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reqs := make([]dedup.ClaimRequest, keys)
+			for i := range reqs {
+				reqs[i] = dedup.ClaimRequest{Key: key(t, fmt.Sprint(i)), Token: fmt.Sprintf("r%d", r), Lease: long}
+			}
+			for i, rep := range bs.ClaimBatch(ctx(t), reqs) {
+				if rep.Err != nil {
+					t.Errorf("racer %d key %d: %v", r, i, rep.Err)
+					continue
+				}
+				if rep.Claim.Result == dedup.Acquired {
+					mu.Lock()
+					winners[reqs[i].Key]++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(winners) != keys {
+		t.Fatalf("%d of %d keys acquired", len(winners), keys)
+	}
+	for k, n := range winners {
+		if n != 1 {
+			t.Errorf("%s acquired by %d racers, want 1", k, n)
+		}
+	}
+}
+
+// batchBroken: a batch against an unreachable backend fails every request
+// (never an answer, above all never Done).
+func batchBroken(t *testing.T, s Suite) {
+	if s.Broken == nil {
+		return
+	}
+	bs := batchStore(t, s.Broken(t))
+	if bs == nil {
+		return
+	}
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, r := range bs.ClaimBatch(c, []dedup.ClaimRequest{{Key: key(t, "a"), Token: "t", Lease: long}, {Key: key(t, "b"), Token: "t", Lease: long}}) {
+		if r.Err == nil {
+			t.Errorf("ClaimBatch request %d on a broken store answered %v", i, r.Claim.Result)
+		}
+	}
+	for i, err := range bs.CompleteBatch(c, []dedup.CompleteRequest{{Key: key(t, "a"), Token: "t", Window: long}}) {
+		if err == nil || errors.Is(err, dedup.ErrLeaseLost) {
+			t.Errorf("CompleteBatch request %d on a broken store: %v, want a store error", i, err)
+		}
 	}
 }

@@ -1,0 +1,132 @@
+package coalesce
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+type resp struct {
+	v   int
+	err error
+}
+
+func failResp(err error) resp { return resp{err: err} }
+
+func TestEveryCallGetsItsOwnAnswer(t *testing.T) {
+	tests := []struct {
+		name              string
+		callers, maxBatch int
+		inFlight          int
+	}{
+		{"one caller", 1, 0, 0},
+		{"many callers, default", 64, 0, 0},
+		{"many callers, batches of 3", 64, 3, 0},
+		{"many callers, 2 in flight", 64, 8, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var batches, largest atomic.Int64
+			var inFlight, maxInFlight atomic.Int64
+			b := New(func(ctx context.Context, reqs []int) []resp {
+				n := inFlight.Add(1)
+				defer inFlight.Add(-1)
+				for {
+					m := maxInFlight.Load()
+					if n <= m || maxInFlight.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				if _, ok := ctx.Deadline(); !ok {
+					t.Error("batch context has no deadline")
+				}
+				batches.Add(1)
+				for {
+					l := largest.Load()
+					if int64(len(reqs)) <= l || largest.CompareAndSwap(l, int64(len(reqs))) {
+						break
+					}
+				}
+				time.Sleep(time.Millisecond) // a round trip
+				out := make([]resp, len(reqs))
+				for i, r := range reqs {
+					out[i] = resp{v: r * 2}
+				}
+				return out
+			}, failResp, Config{MaxBatch: tc.maxBatch, MaxInFlight: tc.inFlight})
+			var wg sync.WaitGroup
+			for c := 0; c < tc.callers; c++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; i < 20; i++ {
+						req := c*1000 + i
+						if got := b.Do(req); got.err != nil || got.v != req*2 {
+							t.Errorf("Do(%d) = %+v, want %d", req, got, req*2)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			maxBatch := tc.maxBatch
+			if maxBatch == 0 {
+				maxBatch = 128
+			}
+			if l := largest.Load(); l > int64(maxBatch) {
+				t.Errorf("largest batch %d > MaxBatch %d", l, maxBatch)
+			}
+			wantInFlight := int64(max(tc.inFlight, 1))
+			if m := maxInFlight.Load(); m > wantInFlight {
+				t.Errorf("%d batches in flight at once, MaxInFlight %d", m, wantInFlight)
+			}
+			calls := int64(tc.callers * 20)
+			if tc.callers > 1 && batches.Load() >= calls {
+				t.Errorf("%d batches for %d calls: nothing was coalesced", batches.Load(), calls)
+			}
+		})
+	}
+}
+
+func TestPanicAndShortAnswersFail(t *testing.T) {
+	tests := []struct {
+		name string
+		fn   Func[int, resp]
+	}{
+		{"panic", func(context.Context, []int) []resp { panic("boom") }},
+		{"too few", func(context.Context, []int) []resp { return nil }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := New(tc.fn, failResp, Config{})
+			if got := b.Do(1); got.err == nil {
+				t.Fatalf("Do = %+v, want an error", got)
+			}
+			// The batcher still works afterwards.
+			if got := b.Do(2); got.err == nil {
+				t.Fatalf("second Do = %+v, want an error", got)
+			}
+		})
+	}
+}
+
+func TestTimeoutBoundsTheBatch(t *testing.T) {
+	b := New(func(ctx context.Context, reqs []int) []resp {
+		<-ctx.Done()
+		out := make([]resp, len(reqs))
+		for i := range out {
+			out[i] = resp{err: ctx.Err()}
+		}
+		return out
+	}, failResp, Config{Timeout: 20 * time.Millisecond})
+	start := time.Now()
+	got := b.Do(1)
+	if !errors.Is(got.err, context.DeadlineExceeded) {
+		t.Fatalf("Do = %+v, want DeadlineExceeded", got)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("Do took %v", el)
+	}
+}
