@@ -292,34 +292,41 @@ func (g *guard) storeCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), g.cfg.StoreTimeout)
 }
 
+// heartbeat renews the lease every Heartbeat while the handler runs. It is
+// a timer, not a goroutine: most handlers finish long before the first
+// renewal is due, and then it costs nothing but the timer. stop waits for a
+// renewal in progress.
 func (g *guard) heartbeat(ctx context.Context, key, token string, log *slog.Logger) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(g.cfg.Heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-			sctx, cancel := g.storeCtx(ctx)
-			err := g.store.Extend(sctx, key, token, g.cfg.Lease)
-			cancel()
-			switch {
-			case err == nil:
-			case errors.Is(err, ErrLeaseLost):
-				log.Warn("idemq: dedup lease lost while the handler runs (it outlived its lease?)", "err", err)
-				return
-			default:
-				log.Warn("idemq: dedup lease renewal failed; retrying at the next heartbeat", "err", err)
-			}
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock() // the callback must not run before t is set
+	defer mu.Unlock()
+	t = time.AfterFunc(g.cfg.Heartbeat, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
 		}
-	}()
-	return func() { close(done); wg.Wait() }
+		sctx, cancel := g.storeCtx(ctx)
+		err := g.store.Extend(sctx, key, token, g.cfg.Lease)
+		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrLeaseLost):
+			log.Warn("idemq: dedup lease lost while the handler runs (it outlived its lease?)", "err", err)
+			return
+		default:
+			log.Warn("idemq: dedup lease renewal failed; retrying at the next heartbeat", "err", err)
+		}
+		t.Reset(g.cfg.Heartbeat)
+	})
+	return func() {
+		t.Stop()
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+	}
 }
 
 func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log *slog.Logger) {
