@@ -204,7 +204,7 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	}
 	key := Key(g.cfg.Prefix, group, id)
 	token := rand.Text()
-	log := g.cfg.Logger.With("key", key)
+	log := keyLog{g.cfg.Logger, key}
 
 	claim, err := g.claim(ctx, key, token)
 	if err != nil {
@@ -272,7 +272,7 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 
 // run runs the handler under a heartbeat and releases the record when the
 // handler fails or panics.
-func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, log *slog.Logger) (err error) {
+func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, log keyLog) (err error) {
 	stop := g.heartbeat(ctx, key, token, log)
 	ok := false
 	defer func() {
@@ -296,7 +296,7 @@ func (g *guard) storeCtx(ctx context.Context) (context.Context, context.CancelFu
 // a timer, not a goroutine: most handlers finish long before the first
 // renewal is due, and then it costs nothing but the timer. stop waits for a
 // renewal in progress.
-func (g *guard) heartbeat(ctx context.Context, key, token string, log *slog.Logger) (stop func()) {
+func (g *guard) heartbeat(ctx context.Context, key, token string, log keyLog) (stop func()) {
 	var mu sync.Mutex
 	stopped := false
 	var t *time.Timer
@@ -329,7 +329,7 @@ func (g *guard) heartbeat(ctx context.Context, key, token string, log *slog.Logg
 	}
 }
 
-func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log *slog.Logger) {
+func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log keyLog) {
 	var err error
 	for attempt, pause := 0, 50*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*4 {
 		if attempt > 0 {
@@ -350,7 +350,7 @@ func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token str
 	log.Error("idemq: dedup Complete failed; the message is acked but not remembered, a later duplicate may run", "err", err)
 }
 
-func (g *guard) release(ctx context.Context, key, token string, log *slog.Logger) {
+func (g *guard) release(ctx context.Context, key, token string, log keyLog) {
 	sctx, cancel := g.storeCtx(ctx)
 	err := g.store.Release(sctx, key, token)
 	cancel()
@@ -359,3 +359,19 @@ func (g *guard) release(ctx context.Context, key, token string, log *slog.Logger
 		log.Warn("idemq: dedup Release failed; a redelivery waits for the lease to expire", "err", err)
 	}
 }
+
+// keyLog logs with the dedup key attached. It is built per delivery, so it
+// costs nothing until a line is written (slog.Logger.With would clone the
+// handler for every message).
+type keyLog struct {
+	l   *slog.Logger
+	key string
+}
+
+func (k keyLog) Debug(msg string, args ...any) {
+	if k.l.Enabled(context.Background(), slog.LevelDebug) {
+		k.l.Debug(msg, append(args, "key", k.key)...)
+	}
+}
+func (k keyLog) Warn(msg string, args ...any)  { k.l.Warn(msg, append(args, "key", k.key)...) }
+func (k keyLog) Error(msg string, args ...any) { k.l.Error(msg, append(args, "key", k.key)...) }
