@@ -167,7 +167,7 @@ func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return Claim{}, &StoreError{Op: "claim", Err: err}
 	}
-	r := g.claims.Do(ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
+	r := g.claims.Do(ctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
 	return r.Claim, r.Err
 }
 
@@ -179,7 +179,7 @@ func (g *guard) completeOnce(ctx context.Context, key, token string) error {
 		defer cancel()
 		return g.store.Complete(sctx, key, token, g.cfg.Window)
 	}
-	return g.completes.Do(CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
+	return g.completes.Do(ctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
 }
 
 type idKey struct{}

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redisscript"
 )
 
 // Config configures a [Store]. The zero value is usable.
@@ -192,8 +193,9 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 	if len(exists) == 0 {
 		return out
 	}
-	cmds := s.scripts(ctx, claimScript, exists, func(i int) ([]string, []any) {
-		return []string{s.RedisKey(reqs[i].Key)}, []any{reqs[i].Token, ms(reqs[i].Lease)}
+	cmds := redisscript.Pipelined(ctx, s.raw, claimScript, len(exists), func(j int) ([]string, []any) {
+		r := reqs[exists[j]]
+		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(r.Lease)}
 	})
 	for j, i := range exists {
 		vals, err := cmds[j].Int64Slice()
@@ -221,8 +223,9 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 	if len(idx) == 0 {
 		return out
 	}
-	cmds := s.scripts(ctx, completeScript, idx, func(i int) ([]string, []any) {
-		return []string{s.RedisKey(reqs[i].Key)}, []any{reqs[i].Token, ms(max(reqs[i].Window, time.Millisecond))}
+	cmds := redisscript.Pipelined(ctx, s.raw, completeScript, len(idx), func(j int) ([]string, []any) {
+		r := reqs[idx[j]]
+		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
 	})
 	for j, i := range idx {
 		n, err := cmds[j].Int64()
@@ -234,34 +237,6 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 		}
 	}
 	return out
-}
-
-// scripts runs script once per index in one pipeline of EVALSHA, and again
-// with EVAL for the ones Redis did not have cached (NOSCRIPT: a restarted
-// or flushed server).
-func (s *Store) scripts(ctx context.Context, script *redis.Script, idx []int, args func(i int) ([]string, []any)) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(idx))
-	pipe := s.raw.Pipeline()
-	for j, i := range idx {
-		keys, a := args(i)
-		cmds[j] = script.EvalSha(ctx, pipe, keys, a...)
-	}
-	_, _ = pipe.Exec(ctx)
-	var missing []int
-	for j, c := range cmds {
-		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			missing = append(missing, j)
-		}
-	}
-	if len(missing) > 0 {
-		pipe := s.raw.Pipeline()
-		for _, j := range missing {
-			keys, a := args(idx[j])
-			cmds[j] = script.Eval(ctx, pipe, keys, a...)
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	return cmds
 }
 
 func claimResult(vals []int64) (dedup.Claim, error) {

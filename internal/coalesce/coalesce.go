@@ -33,6 +33,7 @@ type Batcher[Req, Resp any] struct {
 }
 
 type call[Req, Resp any] struct {
+	ctx  context.Context
 	req  Req
 	resp Resp
 	done chan struct{}
@@ -55,9 +56,12 @@ func New[Req, Resp any](fn Func[Req, Resp], fail func(error) Resp, cfg Config) *
 
 // Do sends req in the next batch and returns its response. It always
 // waits for the answer (each batch is bounded by Config.Timeout), so a
-// request is never left behind half-done by a cancelled caller.
-func (b *Batcher[Req, Resp]) Do(req Req) Resp {
-	c := &call[Req, Resp]{req: req, done: make(chan struct{})}
+// request is never left behind half-done by a cancelled caller. The
+// batch's context carries the values of ctx of the call that starts it
+// (all calls of one batcher are expected to share them: a recorder, a
+// logger) but never its cancellation.
+func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) Resp {
+	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{})}
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
 	var batch []*call[Req, Resp]
@@ -92,7 +96,7 @@ func (b *Batcher[Req, Resp]) run(batch []*call[Req, Resp]) {
 	for i, c := range batch {
 		reqs[i] = c.req
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), b.cfg.Timeout)
 	resps := b.call(ctx, reqs)
 	cancel()
 	for i, c := range batch {

@@ -64,7 +64,7 @@ func TestEveryCallGetsItsOwnAnswer(t *testing.T) {
 					defer wg.Done()
 					for i := 0; i < 20; i++ {
 						req := c*1000 + i
-						if got := b.Do(req); got.err != nil || got.v != req*2 {
+						if got := b.Do(context.Background(), req); got.err != nil || got.v != req*2 {
 							t.Errorf("Do(%d) = %+v, want %d", req, got, req*2)
 						}
 					}
@@ -101,11 +101,11 @@ func TestPanicAndShortAnswersFail(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			b := New(tc.fn, failResp, Config{})
-			if got := b.Do(1); got.err == nil {
+			if got := b.Do(context.Background(), 1); got.err == nil {
 				t.Fatalf("Do = %+v, want an error", got)
 			}
 			// The batcher still works afterwards.
-			if got := b.Do(2); got.err == nil {
+			if got := b.Do(context.Background(), 2); got.err == nil {
 				t.Fatalf("second Do = %+v, want an error", got)
 			}
 		})
@@ -122,11 +122,31 @@ func TestTimeoutBoundsTheBatch(t *testing.T) {
 		return out
 	}, failResp, Config{Timeout: 20 * time.Millisecond})
 	start := time.Now()
-	got := b.Do(1)
+	got := b.Do(context.Background(), 1)
 	if !errors.Is(got.err, context.DeadlineExceeded) {
 		t.Fatalf("Do = %+v, want DeadlineExceeded", got)
 	}
 	if el := time.Since(start); el > 5*time.Second {
 		t.Fatalf("Do took %v", el)
+	}
+}
+
+type ctxKey struct{}
+
+func TestBatchContextKeepsValuesNotCancellation(t *testing.T) {
+	b := New(func(ctx context.Context, reqs []int) []resp {
+		out := make([]resp, len(reqs))
+		for i := range out {
+			if v, _ := ctx.Value(ctxKey{}).(string); v != "rec" {
+				out[i].err = errors.New("value lost")
+			}
+			out[i].err = errors.Join(out[i].err, ctx.Err())
+		}
+		return out
+	}, failResp, Config{})
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "rec"))
+	cancel()
+	if got := b.Do(ctx, 1); got.err != nil {
+		t.Fatalf("Do = %+v, want the value kept and no cancellation", got)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/bloom"
+	"github.com/idemq/idemq/internal/redisscript"
 )
 
 // StoreConfig configures a [Store]. The zero value is usable (no verifier:
@@ -57,16 +58,21 @@ type StoreConfig struct {
 // With a record-of-truth verifier it passes dedup/storetest. It does not
 // own the client.
 type Store struct {
-	c      redis.UniversalClient
+	c      redis.UniversalClient // single calls (the autopipeliner if asked for)
+	raw    redis.UniversalClient // explicit pipelines of the batch calls
 	f      *Filter
 	cfg    StoreConfig
 	marker bloom.Marker
 }
 
-var _ dedup.Store = (*Store)(nil)
+var (
+	_ dedup.Store      = (*Store)(nil)
+	_ dedup.BatchStore = (*Store)(nil)
+)
 
 // NewStore returns a tiered store on client.
 func NewStore(client redis.UniversalClient, cfg StoreConfig) (*Store, error) {
+	raw := client
 	if cfg.AutoPipeline {
 		if ap, err := client.AutoPipeline(); err == nil {
 			client = ap
@@ -82,7 +88,7 @@ func NewStore(client redis.UniversalClient, cfg StoreConfig) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Store{c: client, f: f, cfg: cfg}
+	s := &Store{c: client, raw: raw, f: f, cfg: cfg}
 	s.marker, _ = cfg.Verifier.(bloom.Marker)
 	return s, nil
 }
@@ -193,7 +199,12 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 	if err != nil || c.Result != 0 {
 		return c, err
 	}
-	// Maybe done: the filter holds the key's bits and no record answers.
+	return s.maybe(ctx, key, token, lease)
+}
+
+// maybe answers a filter hit ("maybe done": the filter holds the key's
+// bits and no record answers) with the verifier, or as a suspect.
+func (s *Store) maybe(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
 	rec := s.rec(ctx)
 	rec.Add(bloom.CountFilterHits, 1)
 	if s.cfg.Verifier == nil {
@@ -214,18 +225,29 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 
 // claim runs the claim script; Result 0 means "maybe" (a filter hit).
 func (s *Store) claim(ctx context.Context, key, token string, lease time.Duration, skipFilter bool) (dedup.Claim, error) {
+	keys, args := s.claimArgs(key, token, lease, skipFilter, s.f.checked(s.f.p.Gen(s.f.now())))
+	return claimReply(tieredClaim.Run(ctx, s.c, keys, args...))
+}
+
+// claimArgs returns the keys and arguments of tieredClaim for key, checking
+// the generations gens.
+func (s *Store) claimArgs(key, token string, lease time.Duration, skipFilter bool, gens []int64) ([]string, []any) {
 	skip := "0"
 	if skipFilter {
 		skip = "1"
 	}
 	shard, args := s.f.locate(key, []any{token, ms(lease), skip})
-	gens := s.f.checked(s.f.p.Gen(s.f.now()))
 	keys := make([]string, 1, len(gens)+1)
 	keys[0] = s.RecordKey(key)
 	for _, g := range gens {
 		keys = append(keys, s.f.BitmapKey(shard, g))
 	}
-	vals, err := tieredClaim.Run(ctx, s.c, keys, args...).Int64Slice()
+	return keys, args
+}
+
+// claimReply reads tieredClaim's reply; Result 0 means "maybe".
+func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
+	vals, err := cmd.Int64Slice()
 	if err != nil {
 		return dedup.Claim{}, storeErr("claim", err)
 	}
@@ -259,13 +281,23 @@ func (s *Store) Complete(ctx context.Context, key, token string, window time.Dur
 			return storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
 		}
 	}
+	keys, args := s.completeArgs(key, token, window, s.f.p.Gen(s.f.now()))
+	return s.completeReply(ctx, tieredComplete.Run(ctx, s.c, keys, args...), window)
+}
+
+// completeArgs returns the keys and arguments of tieredComplete for key in
+// generation g.
+func (s *Store) completeArgs(key, token string, window time.Duration, g int64) ([]string, []any) {
 	var marker int64
 	if s.cfg.Recent > 0 {
 		marker = ms(min(window, s.cfg.Recent))
 	}
-	g := s.f.p.Gen(s.f.now())
 	shard, args := s.f.locate(key, []any{token, marker, s.f.expireAt(g), s.f.shardBits - 1})
-	n, err := tieredComplete.Run(ctx, s.c, []string{s.RecordKey(key), s.f.BitmapKey(shard, g), s.f.CounterKey(shard, g)}, args...).Int64()
+	return []string{s.RecordKey(key), s.f.BitmapKey(shard, g), s.f.CounterKey(shard, g)}, args
+}
+
+func (s *Store) completeReply(ctx context.Context, cmd *redis.Cmd, window time.Duration) error {
+	n, err := cmd.Int64()
 	if err != nil {
 		return storeErr("complete", err)
 	}
@@ -276,6 +308,65 @@ func (s *Store) Complete(ctx context.Context, key, token string, window time.Dur
 		return dedup.ErrLeaseLost
 	}
 	return nil
+}
+
+// ClaimBatch implements [dedup.BatchStore]: one pipeline of claim scripts;
+// the filter hits among them ("maybe done", rare) are answered one by one
+// as Claim answers them.
+func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
+	out := make([]dedup.ClaimReply, len(reqs))
+	var idx []int
+	for i, r := range reqs {
+		if err := prepare(ctx, "claim", r.Key); err != nil {
+			out[i].Err = err
+			continue
+		}
+		idx = append(idx, i)
+	}
+	gens := s.f.checked(s.f.p.Gen(s.f.now()))
+	cmds := redisscript.Pipelined(ctx, s.raw, tieredClaim, len(idx), func(j int) ([]string, []any) {
+		r := reqs[idx[j]]
+		return s.claimArgs(r.Key, r.Token, r.Lease, false, gens)
+	})
+	for j, i := range idx {
+		c, err := claimReply(cmds[j])
+		if err == nil && c.Result == 0 {
+			r := reqs[i]
+			c, err = s.maybe(ctx, r.Key, r.Token, r.Lease)
+		}
+		out[i] = dedup.ClaimReply{Claim: c, Err: err}
+	}
+	return out
+}
+
+// CompleteBatch implements [dedup.BatchStore]: the record of truth first,
+// key by key (when the verifier is a bloom.Marker), then one pipeline of
+// complete scripts.
+func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
+	out := make([]error, len(reqs))
+	var idx []int
+	for i, r := range reqs {
+		if err := prepare(ctx, "complete", r.Key); err != nil {
+			out[i] = err
+			continue
+		}
+		if s.marker != nil {
+			if err := s.marker.MarkDone(ctx, r.Key, r.Window); err != nil {
+				out[i] = storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+				continue
+			}
+		}
+		idx = append(idx, i)
+	}
+	g := s.f.p.Gen(s.f.now())
+	cmds := redisscript.Pipelined(ctx, s.raw, tieredComplete, len(idx), func(j int) ([]string, []any) {
+		r := reqs[idx[j]]
+		return s.completeArgs(r.Key, r.Token, r.Window, g)
+	})
+	for j, i := range idx {
+		out[i] = s.completeReply(ctx, cmds[j], reqs[i].Window)
+	}
+	return out
 }
 
 func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
