@@ -2,9 +2,11 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,17 +29,27 @@ type BatchConfig struct {
 
 // Batcher is the batch inbox: an [idemq.Handler] that gathers the
 // deliveries handed to it concurrently by the consumer's workers into one
-// transaction, a savepoint per delivery, and one commit. Create it with
-// [Inbox.Batch].
+// transaction with one commit. Create it with [Inbox.Batch].
 //
 // Each Handle call blocks until its batch has committed, then returns nil
 // (the consumer acks; its coalescing acker turns the batch into one
 // multiple-ack) or that delivery's own error: a handler that failed is
-// rolled back to its savepoint, the others still commit, and the failure
-// policy sees only the failed delivery. If the commit itself fails, every
-// delivery of the batch returns an error (nothing was applied; all are
-// retried). Duplicates — rows committed earlier, or a second copy in the
-// same batch — are acked without running the handler.
+// rolled back, the others still commit, and the failure policy sees only
+// the failed delivery. If the commit itself fails, every delivery of the
+// batch returns an error (nothing was applied; all are retried).
+// Duplicates — rows committed earlier, or a second copy in the same batch —
+// are acked without running the handler; a second copy runs only if the
+// first copy's handler failed.
+//
+// A batch first takes a fast path: it inserts all its inbox rows with a
+// few multi-row INSERTs and runs the handler of each fresh row directly in
+// the transaction. If a handler fails or panics (or a statement fails — a
+// deadlock, say — or, on MySQL, some rows already existed), that
+// transaction is rolled back and the whole batch runs again in a new one
+// with a savepoint per delivery (insert, handler, release), whose
+// per-delivery results are the ones returned. A handler can therefore be
+// called twice for one delivery in one batch; the first call's work was
+// rolled back, which is why a handler must do all its work through tx.
 //
 // A batch can only grow as large as the number of deliveries handed to it
 // at once: run the consumer with Workers >= Size (and Prefetch >= Workers),
@@ -54,6 +66,8 @@ type Batcher[T any] struct {
 
 	mu  sync.Mutex
 	cur *batch[T]
+
+	sql sync.Map // int (rows<<1 | returning) → the fast path's multi-row INSERT
 }
 
 type batchItem struct {
@@ -134,32 +148,199 @@ const (
 	spRelease  = "RELEASE SAVEPOINT idemq_msg"
 )
 
+// insertChunk is the most inbox rows one multi-row INSERT of the fast path
+// writes (3 bind parameters each: far below every dialect's limit).
+const insertChunk = 500
+
+// errSomeExist: the multi-row INSERT IGNORE of the fast path inserted fewer
+// rows than it was given, and rows affected cannot say which ones.
+var errSomeExist = errors.New("some inbox rows already exist")
+
 func (b *Batcher[T]) run(bt *batch[T]) {
 	items := bt.items
+	// Sorted: concurrent batches take their inbox-row locks in the same
+	// order, and copies of one key are adjacent.
 	sort.SliceStable(items, func(i, j int) bool {
 		if items[i].group != items[j].group {
 			return items[i].group < items[j].group
 		}
 		return items[i].id < items[j].id
 	})
-	drv := b.ib.drv
 	// The transaction is the batch's, not one delivery's: it must not die
 	// with the first delivery's context.
 	ctx := context.WithoutCancel(items[0].ctx)
-	failAll := func(err error) {
+	if err := b.runFast(ctx, items); err != nil {
+		b.ib.log.Debug("inbox: batch fast path rolled back, running it again with a savepoint per delivery", "deliveries", len(items), "reason", err)
 		for _, it := range items {
-			it.err = err
-			it.dup = false
+			it.err, it.dup = nil, false
+		}
+		b.runSavepoints(ctx, items)
+	}
+	for _, it := range items {
+		switch {
+		case it.err != nil:
+		case it.dup:
+			idemq.RecorderFrom(it.ctx).Add(idemq.CountDuplicates, 1)
+			idemq.MarkOutcomeCounted(it.ctx)
+		default:
+			idemq.RecorderFrom(it.ctx).Add(idemq.CountProcessed, 1)
+			idemq.MarkOutcomeCounted(it.ctx)
+		}
+	}
+}
+
+// failAll gives every item err (nothing of the batch was applied).
+func failAll(items []*batchItem, err error) {
+	for _, it := range items {
+		it.err = err
+		it.dup = false
+	}
+}
+
+// runFast is the optimistic path, for a batch where every handler
+// succeeds: one transaction, the inbox rows of the batch's distinct keys in
+// a few multi-row INSERTs, the handler of each freshly inserted row run
+// directly in the transaction (no savepoints), one commit. A later copy of
+// a key in the batch is a duplicate of its first copy, which either
+// commits or — its handler failed — sends the batch down the savepoint
+// path. It returns nil when the items' results are final (committed, or
+// failed as the savepoint path would fail them: at begin or commit), and
+// otherwise rolls back and returns why: a handler failed or panicked, a
+// statement failed (a deadlock, say), or which rows already existed cannot
+// be told (no INSERT ... RETURNING). The caller then runs the batch again
+// with [Batcher.runSavepoints].
+func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
+	drv := b.ib.drv
+	first := make([]*batchItem, 0, len(items))
+	for i, it := range items {
+		if i == 0 || it.group != items[i-1].group || it.id != items[i-1].id {
+			first = append(first, it)
 		}
 	}
 	tx, err := drv.Begin(ctx)
 	if err != nil {
-		failAll(fmt.Errorf("inbox: batch begin: %w", err))
+		failAll(items, fmt.Errorf("inbox: batch begin: %w", err))
+		return nil
+	}
+	rollback := func(err error) error {
+		_ = drv.Rollback(ctx, tx)
+		return err
+	}
+	if err := b.insertRows(ctx, tx, first); err != nil {
+		return rollback(err)
+	}
+	for _, it := range first {
+		if it.dup {
+			continue
+		}
+		if err := b.call(it, tx); err != nil {
+			return rollback(fmt.Errorf("handler of message %q: %w", it.id, err))
+		}
+	}
+	for i, it := range items {
+		if i > 0 && it.group == items[i-1].group && it.id == items[i-1].id {
+			it.dup = true // its first copy committed, or was already there
+		}
+	}
+	if err := drv.Commit(ctx, tx); err != nil {
+		failAll(items, fmt.Errorf("inbox: batch commit: %w", err))
+	}
+	return nil
+}
+
+// insertRows inserts the inbox rows of items (distinct keys, sorted) in tx
+// with multi-row INSERTs, one group and at most insertChunk rows each, and
+// marks dup the items whose row was already there. Without INSERT ...
+// RETURNING it returns errSomeExist unless every row was inserted.
+func (b *Batcher[T]) insertRows(ctx context.Context, tx T, items []*batchItem) error {
+	drv := b.ib.drv
+	qd, returning := drv.(queryDriver[T])
+	returning = returning && b.ib.st.returning != ""
+	now := drv.Dialect().timeArg(b.ib.cfg.Now())
+	args := make([]any, 0, 3*min(len(items), insertChunk))
+	for len(items) > 0 {
+		n := 1
+		for n < len(items) && n < insertChunk && items[n].group == items[0].group {
+			n++
+		}
+		chunk := items[:n]
+		items = items[n:]
+		args = args[:0]
+		for _, it := range chunk {
+			args = append(args, it.group, it.id, now)
+		}
+		q := b.insertSQL(n, returning)
+		if !returning {
+			got, err := drv.Exec(ctx, tx, q, args...)
+			if err != nil {
+				return fmt.Errorf("inbox: insert rows: %w", err)
+			}
+			if got != int64(n) {
+				return fmt.Errorf("%w (%d of %d inserted)", errSomeExist, got, n)
+			}
+			continue
+		}
+		ids, err := qd.QueryStrings(ctx, tx, q, args...)
+		if err != nil {
+			return fmt.Errorf("inbox: insert rows: %w", err)
+		}
+		if len(ids) == n {
+			continue // all fresh
+		}
+		fresh := make(map[string]struct{}, len(ids))
+		for _, id := range ids {
+			fresh[id] = struct{}{}
+		}
+		for _, it := range chunk {
+			if _, ok := fresh[it.id]; !ok {
+				it.dup = true
+			}
+		}
+	}
+	return nil
+}
+
+// insertSQL returns (and caches) the multi-row INSERT of n rows.
+func (b *Batcher[T]) insertSQL(n int, returning bool) string {
+	key := n << 1
+	if returning {
+		key |= 1
+	}
+	if q, ok := b.sql.Load(key); ok {
+		return q.(string)
+	}
+	st, d := &b.ib.st, b.ib.drv.Dialect()
+	var sb strings.Builder
+	sb.WriteString(st.insertHead)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteString("(" + d.Placeholder(3*i+1) + ", " + d.Placeholder(3*i+2) + ", " + d.Placeholder(3*i+3) + ")")
+	}
+	sb.WriteString(st.insertTail)
+	if returning {
+		sb.WriteString(st.returning)
+	}
+	q := sb.String()
+	b.sql.Store(key, q)
+	return q
+}
+
+// runSavepoints runs the batch in one transaction with a savepoint per
+// delivery: a failed handler is rolled back to its savepoint alone. A later
+// copy of a key finds its first copy's row (a duplicate) unless that one
+// was rolled back, and then runs.
+func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
+	drv := b.ib.drv
+	tx, err := drv.Begin(ctx)
+	if err != nil {
+		failAll(items, fmt.Errorf("inbox: batch begin: %w", err))
 		return
 	}
 	abort := func(err error) {
 		_ = drv.Rollback(ctx, tx)
-		failAll(fmt.Errorf("inbox: batch aborted, transaction rolled back: %w", err))
+		failAll(items, fmt.Errorf("inbox: batch aborted, transaction rolled back: %w", err))
 	}
 	for _, it := range items {
 		if _, err := drv.Exec(ctx, tx, spCreate); err != nil {
@@ -192,18 +373,6 @@ func (b *Batcher[T]) run(bt *batch[T]) {
 				it.err = fmt.Errorf("inbox: batch commit: %w", err)
 			}
 			it.dup = false
-		}
-		return
-	}
-	for _, it := range items {
-		switch {
-		case it.err != nil:
-		case it.dup:
-			idemq.RecorderFrom(it.ctx).Add(idemq.CountDuplicates, 1)
-			idemq.MarkOutcomeCounted(it.ctx)
-		default:
-			idemq.RecorderFrom(it.ctx).Add(idemq.CountProcessed, 1)
-			idemq.MarkOutcomeCounted(it.ctx)
 		}
 	}
 }

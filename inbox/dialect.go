@@ -81,6 +81,13 @@ type statements struct {
 	insert   string
 	purge    string
 	lockArgs []any // for migrate[0] on PostgreSQL
+
+	// The batch inbox's multi-row insert: insertHead, then one
+	// "(group, id, received_at)" tuple of placeholders per row, then
+	// insertTail. returning, when not empty, is appended to make the
+	// statement return the message_id of each row it inserted (PostgreSQL
+	// and SQLite; MySQL has no INSERT ... RETURNING).
+	insertHead, insertTail, returning string
 }
 
 func (d Dialect) statements(table string) (statements, error) {
@@ -111,6 +118,9 @@ func (d Dialect) statements(table string) (statements, error) {
 		}
 		s.lockArgs = []any{int64(h.Sum64() >> 1)}
 		s.insert = "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"
+		s.insertHead = "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES "
+		s.insertTail = " ON CONFLICT DO NOTHING"
+		s.returning = " RETURNING message_id"
 		s.purge = "DELETE FROM " + qt + " WHERE (group_name, message_id) IN (SELECT group_name, message_id FROM " + qt + " WHERE received_at < $1 LIMIT $2)"
 	case MySQL:
 		// VARBINARY: IDs compare byte for byte (no case folding, no
@@ -124,6 +134,7 @@ func (d Dialect) statements(table string) (statements, error) {
 	KEY ` + idx + ` (received_at)) ENGINE=InnoDB`,
 		}
 		s.insert = "INSERT IGNORE INTO " + qt + " (group_name, message_id, received_at) VALUES (?, ?, ?)"
+		s.insertHead = "INSERT IGNORE INTO " + qt + " (group_name, message_id, received_at) VALUES "
 		s.purge = "DELETE FROM " + qt + " WHERE received_at < ? ORDER BY received_at LIMIT ?"
 	case SQLite:
 		s.migrate = []string{
@@ -135,6 +146,9 @@ func (d Dialect) statements(table string) (statements, error) {
 			"CREATE INDEX IF NOT EXISTS " + idx + " ON " + qt + " (received_at)",
 		}
 		s.insert = "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+		s.insertHead = "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES "
+		s.insertTail = " ON CONFLICT DO NOTHING"
+		s.returning = " RETURNING message_id"
 		s.purge = "DELETE FROM " + qt + " WHERE rowid IN (SELECT rowid FROM " + qt + " WHERE received_at < ? LIMIT ?)"
 	default:
 		return statements{}, fmt.Errorf("inbox: unknown dialect %q", d.name)

@@ -7,7 +7,8 @@
 // IGNORE) → zero rows: a duplicate, roll back, count, ack → else run the
 // handler with the open transaction → COMMIT → ack. A handler error rolls
 // back and goes to the failure policy. [Inbox.Batch] runs many deliveries
-// in one transaction with a savepoint each.
+// in one transaction: their inbox rows in multi-row INSERTs and their
+// handlers in turn, or, when a handler fails, again with a savepoint each.
 //
 // Dependency hygiene: this package imports no driver. [Dialect] values are
 // plain data and [SQL] is database/sql; the pgx driver lives in

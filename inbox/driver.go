@@ -9,6 +9,16 @@ import (
 // Driver runs the inbox's statements in transactions of type T: pgx.Tx for
 // pgx (inbox/postgres), *sql.Tx for database/sql ([SQL]). The user's handler
 // receives the same T.
+//
+// A driver may also have a method
+//
+//	QueryStrings(ctx context.Context, tx T, query string, args ...any) ([]string, error)
+//
+// that runs a query in tx and returns its single text column. The batch
+// inbox ([Inbox.Batch]) then learns which of a batch's inbox rows were
+// already there from one INSERT ... RETURNING on PostgreSQL and SQLite
+// (without it, a batch holding a duplicate takes the slower path of a
+// savepoint per delivery). Both drivers of this module have it.
 type Driver[T any] interface {
 	Dialect() Dialect
 	// Begin opens a transaction.
@@ -17,6 +27,11 @@ type Driver[T any] interface {
 	Exec(ctx context.Context, tx T, query string, args ...any) (int64, error)
 	Commit(ctx context.Context, tx T) error
 	Rollback(ctx context.Context, tx T) error
+}
+
+// queryDriver is the optional capability of a [Driver] described there.
+type queryDriver[T any] interface {
+	QueryStrings(ctx context.Context, tx T, query string, args ...any) ([]string, error)
 }
 
 // SQLBeginner is what [SQL] needs: *sql.DB (or *sql.Conn).
@@ -32,6 +47,8 @@ type SQLBeginner interface {
 func SQL(db SQLBeginner, d Dialect) Driver[*sql.Tx] {
 	return sqlDriver{db: db, d: d}
 }
+
+var _ queryDriver[*sql.Tx] = sqlDriver{}
 
 type sqlDriver struct {
 	db SQLBeginner
@@ -58,3 +75,24 @@ func (s sqlDriver) Exec(ctx context.Context, tx *sql.Tx, query string, args ...a
 
 func (s sqlDriver) Commit(_ context.Context, tx *sql.Tx) error   { return tx.Commit() }
 func (s sqlDriver) Rollback(_ context.Context, tx *sql.Tx) error { return tx.Rollback() }
+
+// QueryStrings runs query in tx and returns its single text column.
+func (s sqlDriver) QueryStrings(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

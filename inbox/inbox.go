@@ -67,7 +67,9 @@ var (
 // transaction tx and must do all its database work through tx. It must not
 // commit or roll back tx. A nil return commits; an error rolls back and is
 // returned to the failure policy unchanged (wrap with %w to keep
-// [idemq.Permanent] or [idemq.Requeue] visible).
+// [idemq.Permanent] or [idemq.Requeue] visible). In a batch ([Batcher]) it
+// may be called twice for one delivery, the first call's transaction
+// having been rolled back.
 type HandlerFunc[T any] func(ctx context.Context, tx T, d *idemq.Delivery) error
 
 // Inbox writes one row per (group, message ID) in the same transaction as

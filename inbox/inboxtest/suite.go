@@ -35,6 +35,8 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("Purge", func(t *testing.T) { testPurge(t, h) })
 	t.Run("Batch", func(t *testing.T) { testBatch(t, h) })
 	t.Run("BatchCommitFails", func(t *testing.T) { testBatchCommitFails(t, h) })
+	t.Run("BatchOutcomes", func(t *testing.T) { testBatchOutcomes(t, h) })
+	t.Run("BatchConcurrent", func(t *testing.T) { testBatchConcurrent(t, h) })
 	t.Run("RabbitPublisherResends", func(t *testing.T) { testResends(t, h) })
 	t.Run("RabbitTwoConsumers", func(t *testing.T) { testTwoConsumers(t, h) })
 	t.Run("RabbitFailThenSucceed", func(t *testing.T) { testFailThenSucceed(t, h) })
@@ -544,5 +546,190 @@ func testBatchCommitFails[T any](t *testing.T, h Harness[T]) {
 	e.wantBalances(0, list...)
 	if n := e.inboxRows(inbox.DefaultTable); n != 0 {
 		t.Fatalf("%d inbox rows after a failed commit", n)
+	}
+}
+
+// testBatchOutcomes runs one batch per case (Size is the number of
+// deliveries: all share one transaction) mixing fresh IDs, IDs committed
+// earlier, copies of one ID and failing handlers, and checks each
+// delivery's result, each effect applied exactly once, the inbox rows and
+// the counters. The handler applies its effect, then fails for the first
+// delivery of a failing ID it sees — every time it is called for that
+// delivery — so a later copy of that ID must run and commit.
+func testBatchOutcomes[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	boom := errors.New("boom")
+	for i, tc := range []struct {
+		name      string
+		committed []string // IDs committed before the batch, one by one
+		batch     []string // the batch's deliveries, by ID, in arrival order
+		fail      []string // IDs whose first delivery fails
+		// counters after the batch
+		processed, duplicates int64
+	}{
+		{"all fresh", nil, []string{"a", "b", "c", "d"}, nil, 4, 0},
+		{"one failure among successes", nil, []string{"a", "b", "c", "d", "e"}, []string{"c"}, 4, 0},
+		{"several failures", nil, []string{"d", "a", "b", "c"}, []string{"a", "d"}, 2, 0},
+		{"only a failure", nil, []string{"a"}, []string{"a"}, 0, 0},
+		{"committed rows mixed with new ones", []string{"b", "d"}, []string{"a", "b", "c", "d", "e"}, nil, 3, 2},
+		{"all committed", []string{"a", "b"}, []string{"b", "a"}, nil, 0, 2},
+		{"copies in the batch", nil, []string{"b", "a", "b", "c"}, nil, 3, 1},
+		{"copies, the first fails", nil, []string{"a", "b", "b", "b", "c"}, []string{"b"}, 3, 1},
+		{"copies of a committed row", []string{"a"}, []string{"a", "b", "a"}, nil, 1, 2},
+		{"committed, copies and a failure", []string{"a"}, []string{"c", "a", "a", "b", "c"}, []string{"c"}, 2, 2},
+		{"committed row and a failure", []string{"b"}, []string{"a", "b", "c"}, []string{"a"}, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := func(id string) string { return fmt.Sprintf("o%d-%s", i, id) }
+			failing := map[string]bool{}
+			for _, id := range tc.fail {
+				failing[key(id)] = true
+			}
+			copies := map[string]int{}
+			for _, id := range tc.batch {
+				copies[key(id)]++
+			}
+			committed := map[string]bool{}
+			for _, id := range tc.committed {
+				committed[key(id)] = true
+			}
+			for id := range copies {
+				e.accounts(id)
+			}
+			ctx := ctxT(t)
+			for _, id := range tc.committed {
+				if err := ib.Handler(effect(e.db.Driver)).Handle(ctx, delivery(key(id))); err != nil {
+					t.Fatalf("commit %s before the batch: %v", id, err)
+				}
+			}
+
+			var (
+				mu    sync.Mutex
+				first = map[string]*idemq.Delivery{} // first delivery seen per ID
+				calls = map[string]int{}
+			)
+			hf := func(ctx context.Context, tx T, d *idemq.Delivery) error {
+				mu.Lock()
+				calls[d.MessageID]++
+				if first[d.MessageID] == nil {
+					first[d.MessageID] = d
+				}
+				isFirst := first[d.MessageID] == d
+				mu.Unlock()
+				if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+					return err
+				}
+				if failing[d.MessageID] && isFirst {
+					return fmt.Errorf("%w: %s", boom, d.MessageID)
+				}
+				return nil
+			}
+			var rec idemq.Counters
+			b := ib.Batch(hf, inbox.BatchConfig{Size: len(tc.batch), MaxWait: time.Minute})
+			ds := make([]*idemq.Delivery, len(tc.batch))
+			for j, id := range tc.batch {
+				ds[j] = delivery(key(id))
+			}
+			errs := handleAll(idemq.WithRecorder(ctx, &rec), b, ds...)
+
+			failed := map[string]int{}
+			for j, d := range ds {
+				switch {
+				case errs[j] == nil:
+				case !errors.Is(errs[j], boom):
+					t.Errorf("%s: %v, want nil or its own handler error", d.MessageID, errs[j])
+				case first[d.MessageID] != d:
+					t.Errorf("%s: a delivery that did not fail got %v", d.MessageID, errs[j])
+				default:
+					failed[d.MessageID]++
+				}
+			}
+			for id, n := range copies {
+				want := 0
+				if failing[id] {
+					want = 1
+				}
+				if failed[id] != want {
+					t.Errorf("%s: %d deliveries failed, want %d", id, failed[id], want)
+				}
+				if committed[id] && calls[id] != 0 {
+					t.Errorf("%s: handler ran %d times for a row committed before the batch", id, calls[id])
+				}
+				if len(tc.fail) == 0 && !committed[id] && calls[id] != 1 {
+					t.Errorf("%s: handler ran %d times in a batch without failures, want 1", id, calls[id])
+				}
+				// Exactly once, unless the only copy failed: then never
+				// (its effect and its inbox row were rolled back).
+				var bal, rows int64 = Amount, 1
+				if failing[id] && n == 1 {
+					bal, rows = 0, 0
+				}
+				if got := e.balance(id); got != bal {
+					t.Errorf("balance of %s = %d, want %d", id, got, bal)
+				}
+				if got := e.int("SELECT COUNT(*) FROM idemq_inbox WHERE message_id = "+e.ph(1), id); got != rows {
+					t.Errorf("%s: %d inbox rows, want %d", id, got, rows)
+				}
+			}
+			if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); p != tc.processed || d != tc.duplicates {
+				t.Errorf("processed=%d duplicates=%d, want %d and %d", p, d, tc.processed, tc.duplicates)
+			}
+		})
+	}
+}
+
+// testBatchConcurrent: two batchers (two consumers, say) handle the same
+// IDs at the same time, in batches of different make-up, so batches wait
+// on each other's uncommitted inbox rows. Each effect is applied exactly
+// once and every other delivery is a duplicate. A delivery whose batch
+// failed as a whole (a deadlock MySQL chose to break) is handed again, as
+// the consumer's retry would.
+func testBatchConcurrent[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	list := ids("cb", 60)
+	e.accounts(list...)
+	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	var rec idemq.Counters
+	ctx := idemq.WithRecorder(ctxT(t), &rec)
+	cfg := inbox.BatchConfig{Size: 10, Concurrency: 10, MaxWait: 20 * time.Millisecond}
+	batchers := []idemq.Handler{ib.Batch(effect(e.db.Driver), cfg), ib.Batch(effect(e.db.Driver), cfg)}
+	var wg sync.WaitGroup
+	var retried atomic.Int64
+	for k, b := range batchers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pending := make([]*idemq.Delivery, len(list))
+			for j := range list {
+				id := list[j]
+				if k == 1 {
+					id = list[len(list)-1-j]
+				}
+				pending[j] = delivery(id)
+			}
+			for round := 0; len(pending) > 0 && round < 5; round++ {
+				var again []*idemq.Delivery
+				for j, err := range handleAll(ctx, b, pending...) {
+					if err != nil {
+						t.Logf("%s: %v (handed again)", pending[j].MessageID, err)
+						again = append(again, pending[j])
+					}
+				}
+				retried.Add(int64(len(again)))
+				pending = again
+			}
+			if len(pending) > 0 {
+				t.Errorf("%d deliveries still failing after 5 rounds", len(pending))
+			}
+		}()
+	}
+	wg.Wait()
+	e.wantBalances(Amount, list...)
+	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); p != int64(len(list)) || d != int64(len(list)) {
+		t.Fatalf("processed=%d duplicates=%d, want %d and %d", p, d, len(list), len(list))
+	}
+	if n := e.inboxRows(inbox.DefaultTable); n != int64(len(list)) {
+		t.Fatalf("%d inbox rows, want %d", n, len(list))
 	}
 }

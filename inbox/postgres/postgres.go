@@ -51,5 +51,15 @@ func (pgxDriver) Exec(ctx context.Context, tx pgx.Tx, query string, args ...any)
 	return tag.RowsAffected(), nil
 }
 
+// QueryStrings runs query in tx and returns its single text column (the
+// batch inbox's INSERT ... RETURNING).
+func (pgxDriver) QueryStrings(ctx context.Context, tx pgx.Tx, query string, args ...any) ([]string, error) {
+	rows, err := tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 func (pgxDriver) Commit(ctx context.Context, tx pgx.Tx) error   { return tx.Commit(ctx) }
 func (pgxDriver) Rollback(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) }
