@@ -87,12 +87,18 @@ func createDB(b *testing.B, name string) string {
 // checks the outcome: every delivery acked, the duplicates suppressed and
 // every other message processed once.
 func guardConsume(b *testing.B, r *run, o consumerOpts, store dedup.Store) *idemq.Counters {
+	return guardConsumeBatch(b, r, o, store, 0)
+}
+
+// guardConsumeBatch is guardConsume with the guard's MaxBatch (0: the
+// default; 1: every store call its own round trip).
+func guardConsumeBatch(b *testing.B, r *run, o consumerOpts, store dedup.Store, maxBatch int) *idemq.Counters {
 	if o.Workers == 0 {
 		o.Workers = DedupWorkers
 	}
 	prefix := fmt.Sprintf("idemq-bench-%d", time.Now().UnixNano())
 	rec := idemqConsume(b, r, o, noop(), dedup.Guard(store, dedup.Config{
-		Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour,
+		Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch,
 		// A duplicate that overtakes its original (only in tiny smoke runs,
 		// where the gap is one message) comes back soon, not after the lease.
 		InFlightRetryAfter: 5 * time.Millisecond,
@@ -119,9 +125,10 @@ func checkOnce(b *testing.B, r *run, rec *idemq.Counters) {
 // dedupCases are the stores of BenchmarkDedup; each runs on unique IDs and
 // on 20% duplicates.
 func dedupCases() []struct {
-	name string
-	opts consumerOpts
-	open func(b *testing.B) dedup.Store
+	name     string
+	opts     consumerOpts
+	maxBatch int
+	open     func(b *testing.B) dedup.Store
 } {
 	redis := func(auto bool) func(b *testing.B) dedup.Store {
 		return func(b *testing.B) dedup.Store {
@@ -129,13 +136,16 @@ func dedupCases() []struct {
 		}
 	}
 	return []struct {
-		name string
-		opts consumerOpts
-		open func(b *testing.B) dedup.Store
+		name     string
+		opts     consumerOpts
+		maxBatch int
+		open     func(b *testing.B) dedup.Store
 	}{
-		{"idemq-dedup-memory", consumerOpts{}, func(*testing.B) dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) }},
-		{"idemq-dedup-redis", consumerOpts{}, redis(false)},
-		{"idemq-dedup-redis-autopipeline", consumerOpts{}, redis(true)},
+		{"idemq-dedup-memory", consumerOpts{}, 0, func(*testing.B) dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) }},
+		{"idemq-dedup-redis", consumerOpts{}, 0, redis(false)},
+		// Every claim and complete its own round trip (the guard's
+		// grouping off), through go-redis' autopipeliner.
+		{"idemq-dedup-redis-unbatched-autopipeline", consumerOpts{}, 1, redis(true)},
 	}
 }
 
@@ -146,7 +156,7 @@ func BenchmarkDedup(b *testing.B) {
 			if dups > 0 {
 				name += "-dup20"
 			}
-			consumeCase(b, name, dups, func(b *testing.B, r *run) { guardConsume(b, r, c.opts, c.open(b)) })
+			consumeCase(b, name, dups, func(b *testing.B, r *run) { guardConsumeBatch(b, r, c.opts, c.open(b), c.maxBatch) })
 		}
 	}
 	consumeCase(b, "idemq-dedup-postgres", 0, func(b *testing.B, r *run) {
@@ -161,23 +171,26 @@ func BenchmarkDedup(b *testing.B) {
 }
 
 // BenchmarkRedisTuning varies the consumer around the Redis store (issue
-// target: ≥ 1.0× raw ack-each): handler concurrency, auto-pipelining and
-// the prefetch window.
+// target: ≥ 1.0× raw ack-each): handler concurrency (the more workers, the
+// more claims share a round trip), the prefetch window, and for reference
+// the store without the guard's grouping.
 func BenchmarkRedisTuning(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		auto bool
-		o    consumerOpts
+		name     string
+		auto     bool
+		maxBatch int
+		o        consumerOpts
 	}{
-		{"redis-w16", false, consumerOpts{Workers: 16}},
-		{"redis-w64", false, consumerOpts{Workers: 64}},
-		{"redis-autopipeline-w16", true, consumerOpts{Workers: 16}},
-		{"redis-autopipeline-w64", true, consumerOpts{Workers: 64}},
-		{"redis-autopipeline-w64-prefetch500", true, consumerOpts{Workers: 64, Prefetch: 500}},
-		{"redis-autopipeline-w128-prefetch500", true, consumerOpts{Workers: 128, Prefetch: 500}},
+		{"redis-w16", false, 0, consumerOpts{Workers: 16}},
+		{"redis-w64", false, 0, consumerOpts{Workers: 64}},
+		{"redis-w128", false, 0, consumerOpts{Workers: 128}},
+		{"redis-w64-prefetch500", false, 0, consumerOpts{Workers: 64, Prefetch: 500}},
+		{"redis-w128-prefetch500", false, 0, consumerOpts{Workers: 128, Prefetch: 500}},
+		{"redis-unbatched-w64", false, 1, consumerOpts{Workers: 64}},
+		{"redis-unbatched-autopipeline-w64", true, 1, consumerOpts{Workers: 64}},
 	} {
 		consumeCase(b, c.name, 0, func(b *testing.B, r *run) {
-			guardConsume(b, r, c.o, redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: c.auto}))
+			guardConsumeBatch(b, r, c.o, redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: c.auto}), c.maxBatch)
 		})
 	}
 }
