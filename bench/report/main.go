@@ -417,21 +417,25 @@ func versions() []string {
 const reading = `- The RabbitMQ queue process is the ceiling (about one of the 2 cores).
   idemq's consumer without dedup is close to a raw consumer that multiple-acks
   every 50: coalesced acks spare the broker one ack frame per message.
-- A dedup store adds two round trips per new message (claim, complete) and
-  one per duplicate (the -dup20 rows are a little faster for it). The memory
-  store costs microseconds. With Redis the default config pays one socket
-  write and read per command (a CPU profile of Dedup/idemq-dedup-redis puts
-  ~54% of the consumer's samples under go-redis EvalSha, ~39% in syscalls);
-  go-redis auto-pipelining (redisstore.Config{AutoPipeline: true}) with more
-  handler goroutines coalesces them: the best RedisTuning rows come within
-  10–20% of raw ack-each on this machine (one run of 2026-12-03 reached
-  1.07×; run-to-run noise is larger than the differences between them). The p50/p99 columns are the time a delivery spends in
+- A dedup store adds two store calls per new message (claim, complete) and
+  one per duplicate. The memory store costs microseconds. With Redis the
+  guard groups the calls of its concurrent workers (dedup.BatchStore, group
+  commit without a timer): one pipeline of SET NX PX for the claims of many
+  deliveries, one of complete scripts, so the consumer's CPU per message is
+  about half what it was with one round trip per call (the -unbatched rows,
+  and the RedisTuning/redis-unbatched-w64 row without auto-pipelining).
+  What is left is CPU, not round trips: the consumer process is busy about
+  a quarter of the time; RabbitMQ (a full core) and Redis share the other
+  core and a half, so dedup rows sit between 0.8× and 1.3× raw ack-each
+  from run to run, and go-redis auto-pipelining of single calls lands in
+  the same band. The p50/p99 columns are the time a delivery spends in
   idemq outside the handler, including waiting for a worker and for Redis.
-- The Bloom tier's single-script store runs heavier Lua than the exact
-  store's SET (Redis commandstats: ~26 µs per EVALSHA), on a Redis that
-  shares 2 cores with the broker: on this machine it trades throughput for
-  ~45× less memory per remembered ID. With the filter in process
-  (tiered-redis-leases-local-filter) it keeps up with the exact store.
+- The Bloom tier's single-script store (redisbloom-store) batches the same
+  way; its Lua is heavier than the exact store's SET (Redis commandstats:
+  ~26 µs per EVALSHA) but it writes ~45× less memory per remembered ID, and
+  on this machine it keeps up with the exact store. The two-store
+  combinations (tiered-redis-leases-*) are not batched: each call goes to
+  the lease store and the filter separately.
 - The PostgreSQL store commits twice per message (claim, complete): it is
   for teams that want no Redis, not for throughput; the inbox (one
   transaction that holds the effect and the row) is the SQL mode to use. The
@@ -448,5 +452,7 @@ const reading = `- The RabbitMQ queue process is the ceiling (about one of the 2
   confirms in flight; one caller publishing sequentially pays a confirm round
   trip (a broker fsync) per message, as raw does.
 - The relay publishes through the same publisher with up to
-  BatchSize×Concurrency confirms in flight; three relays contend for the
-  same claim index and do not add throughput on 2 cores.`
+  BatchSize×Concurrency confirms in flight, so it follows the broker's
+  confirm rate (compare it with publish: raw-confirm-window-256 in the same
+  run: a slower disk halves both); three relays contend for the same claim
+  index and do not add throughput on 2 cores.`
