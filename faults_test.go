@@ -62,10 +62,30 @@ func TestFaultBrokerRestart(t *testing.T) {
 			tr.add(d.MessageID)
 			return nil
 		}))
+	// The publisher keeps publishing until the restart is over and then
+	// some more, so both sides are certain to meet the dead connection
+	// (a publisher that had finished before the broker stopped would have
+	// nothing to reconnect for).
 	var published atomic.Int64
+	restarted := make(chan struct{})
 	pubDone := make(chan error, 1)
 	go func() {
-		for i := 0; i < n; i++ {
+		after := int64(-1)
+		for i := int64(0); ; i++ {
+			if after < 0 {
+				select {
+				case <-restarted:
+					after = i
+				default:
+				}
+			}
+			if after >= 0 && i >= after+200 {
+				break
+			}
+			if i >= 500000 {
+				pubDone <- fmt.Errorf("published %d messages and the restart has not finished", i)
+				return
+			}
 			if err := p.Publish(ctx, idemq.Message{ID: fmt.Sprintf("r-%d", i), RoutingKey: queue}); err != nil {
 				pubDone <- err
 				return
@@ -76,10 +96,12 @@ func TestFaultBrokerRestart(t *testing.T) {
 	}()
 	testenv.Eventually(t, 60*time.Second, "progress", func() bool { return published.Load() > n/3 && tr.n.Load() > n/4 })
 	restartBroker(t)
+	close(restarted)
 	if err := <-pubDone; err != nil {
 		t.Fatalf("publisher: %v", err)
 	}
-	testenv.Eventually(t, 90*time.Second, "every message handled", func() bool { return tr.distinct() == n+1 })
+	total := int(published.Load())
+	testenv.Eventually(t, 90*time.Second, "every message handled", func() bool { return tr.distinct() == total+1 })
 	if c.Counters().Get(idemq.CountReconnects) == 0 || rec.Get(idemq.CountReconnects) == 0 {
 		t.Fatalf("expected both sides to reconnect (consumer %d, publisher %d)", c.Counters().Get(idemq.CountReconnects), rec.Get(idemq.CountReconnects))
 	}
