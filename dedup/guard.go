@@ -50,7 +50,9 @@ type Config struct {
 	// lease time the other owner has left, or 1s when the store cannot
 	// tell.
 	InFlightRetryAfter time.Duration
-	// StoreTimeout bounds every store call. Default 5s.
+	// StoreTimeout bounds every store call. Default 5s. With a BatchStore
+	// it bounds both a call's wait for its batch and the batch's round
+	// trip, so a grouped call may take up to twice as long.
 	StoreTimeout time.Duration
 	// MaxBatch bounds how many concurrent Claim (or Complete) calls share
 	// one store round trip when the store implements [BatchStore]. Calls
@@ -167,7 +169,10 @@ func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return Claim{}, &StoreError{Op: "claim", Err: err}
 	}
-	r := g.claims.Do(ctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
+	// StoreTimeout bounds the wait for a batch; the batch itself has its own.
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
+	defer cancel()
+	r := g.claims.Do(cctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
 	return r.Claim, r.Err
 }
 
@@ -179,7 +184,9 @@ func (g *guard) completeOnce(ctx context.Context, key, token string) error {
 		defer cancel()
 		return g.store.Complete(sctx, key, token, g.cfg.Window)
 	}
-	return g.completes.Do(ctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
+	sctx, cancel := g.storeCtx(ctx)
+	defer cancel()
+	return g.completes.Do(sctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
 }
 
 type idKey struct{}

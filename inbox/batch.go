@@ -133,8 +133,7 @@ func (b *Batcher[T]) Handle(ctx context.Context, d *idemq.Delivery) error {
 			b.cur = nil // seal it: later arrivals start the next batch
 		}
 		b.mu.Unlock()
-		b.run(bt)
-		close(bt.done)
+		b.runGuarded(bt)
 	} else {
 		<-bt.done
 	}
@@ -155,6 +154,21 @@ const insertChunk = 500
 // errSomeExist: the multi-row INSERT IGNORE of the fast path inserted fewer
 // rows than it was given, and rows affected cannot say which ones.
 var errSomeExist = errors.New("some inbox rows already exist")
+
+// runGuarded runs bt and always releases its followers: a panic outside
+// the handlers (a driver, say) fails every delivery of the batch (a
+// delivery whose row did commit is a duplicate when it comes back) instead
+// of leaving the followers blocked for ever.
+func (b *Batcher[T]) runGuarded(bt *batch[T]) {
+	defer close(bt.done)
+	defer func() {
+		if v := recover(); v != nil {
+			b.ib.log.Error("inbox: batch panicked", "deliveries", len(bt.items), "panic", v)
+			failAll(bt.items, fmt.Errorf("inbox: batch panicked: %v", v))
+		}
+	}()
+	b.run(bt)
+}
 
 func (b *Batcher[T]) run(bt *batch[T]) {
 	items := bt.items

@@ -3,6 +3,7 @@ package coalesce
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -54,12 +55,13 @@ func New[Req, Resp any](fn Func[Req, Resp], fail func(error) Resp, cfg Config) *
 	return &Batcher[Req, Resp]{fn: fn, fail: fail, cfg: cfg}
 }
 
-// Do sends req in the next batch and returns its response. It always
-// waits for the answer (each batch is bounded by Config.Timeout), so a
-// request is never left behind half-done by a cancelled caller. The
-// batch's context carries the values of ctx of the call that starts it
-// (all calls of one batcher are expected to share them: a recorder, a
-// logger) but never its cancellation.
+// Do sends req in the next batch and returns its response. A request still
+// waiting for a batch when ctx ends is withdrawn and answered with the
+// Func's fail(ctx.Err()); once taken into a batch it is waited for (each
+// batch is bounded by Config.Timeout), so a request sent is never left
+// behind half-done. The batch's context carries the values of ctx of the
+// call that starts it (all calls of one batcher are expected to share
+// them: a recorder, a logger) but never its cancellation.
 func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) Resp {
 	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{})}
 	b.mu.Lock()
@@ -72,7 +74,19 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) Resp {
 	if batch != nil {
 		b.run(batch)
 	}
-	<-c.done
+	select {
+	case <-c.done:
+		return c.resp
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	if i := slices.Index(b.pending, c); i >= 0 {
+		b.pending = slices.Delete(b.pending, i, i+1)
+		b.mu.Unlock()
+		return b.fail(ctx.Err())
+	}
+	b.mu.Unlock()
+	<-c.done // already in a batch: its answer is on its way
 	return c.resp
 }
 
@@ -116,7 +130,7 @@ func (b *Batcher[Req, Resp]) run(batch []*call[Req, Resp]) {
 }
 
 // call runs fn and makes sure there is one response per request: a panic
-// in fn, or a response missing, answers with fail.
+// in fn, a response missing or one too many answers with fail.
 func (b *Batcher[Req, Resp]) call(ctx context.Context, reqs []Req) (resps []Resp) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -128,7 +142,16 @@ func (b *Batcher[Req, Resp]) call(ctx context.Context, reqs []Req) (resps []Resp
 		}
 	}()
 	resps = b.fn(ctx, reqs)
-	if len(resps) != len(reqs) {
+	if len(resps) > len(reqs) {
+		// Too many answers: which belongs to which can't be trusted.
+		err := fmt.Errorf("coalesce: batch function answered %d requests with %d responses", len(reqs), len(resps))
+		resps = make([]Resp, len(reqs))
+		for i := range resps {
+			resps[i] = b.fail(err)
+		}
+		return resps
+	}
+	if len(resps) < len(reqs) {
 		err := fmt.Errorf("coalesce: batch function answered %d of %d requests", len(resps), len(reqs))
 		r := make([]Resp, len(reqs))
 		copy(r, resps)

@@ -97,6 +97,7 @@ func TestPanicAndShortAnswersFail(t *testing.T) {
 	}{
 		{"panic", func(context.Context, []int) []resp { panic("boom") }},
 		{"too few", func(context.Context, []int) []resp { return nil }},
+		{"too many", func(_ context.Context, reqs []int) []resp { return make([]resp, len(reqs)+1) }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -148,5 +149,49 @@ func TestBatchContextKeepsValuesNotCancellation(t *testing.T) {
 	cancel()
 	if got := b.Do(ctx, 1); got.err != nil {
 		t.Fatalf("Do = %+v, want the value kept and no cancellation", got)
+	}
+}
+
+// A request still queued behind a running batch when its context ends is
+// withdrawn: answered with the context's error, never sent.
+func TestQueuedRequestWithdrawnWhenItsContextEnds(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	var sent sync.Map
+	b := New(func(ctx context.Context, reqs []int) []resp {
+		for _, r := range reqs {
+			sent.Store(r, true)
+		}
+		if reqs[0] == 1 {
+			started <- struct{}{}
+			<-release
+		}
+		out := make([]resp, len(reqs))
+		for i, r := range reqs {
+			out[i].v = r
+		}
+		return out
+	}, failResp, Config{})
+
+	first := make(chan resp, 1)
+	go func() { first <- b.Do(context.Background(), 1) }()
+	<-started // request 1's batch is running; request 2 must queue
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	got := b.Do(ctx, 2)
+	if !errors.Is(got.err, context.DeadlineExceeded) {
+		t.Fatalf("queued Do = %+v, want DeadlineExceeded", got)
+	}
+	close(release)
+	if r := <-first; r.err != nil || r.v != 1 {
+		t.Fatalf("first Do = %+v", r)
+	}
+	// The batcher carries on, and the withdrawn request was never sent.
+	if r := b.Do(context.Background(), 3); r.err != nil || r.v != 3 {
+		t.Fatalf("later Do = %+v", r)
+	}
+	if _, ok := sent.Load(2); ok {
+		t.Fatal("the withdrawn request was sent")
 	}
 }

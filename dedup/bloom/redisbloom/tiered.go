@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
@@ -311,8 +312,8 @@ func (s *Store) completeReply(ctx context.Context, cmd *redis.Cmd, window time.D
 }
 
 // ClaimBatch implements [dedup.BatchStore]: one pipeline of claim scripts;
-// the filter hits among them ("maybe done", rare) are answered one by one
-// as Claim answers them.
+// the filter hits among them ("maybe done", rare) are answered as Claim
+// answers them, up to sideCalls at once.
 func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
 	out := make([]dedup.ClaimReply, len(reqs))
 	var idx []int
@@ -328,40 +329,64 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 		r := reqs[idx[j]]
 		return s.claimArgs(r.Key, r.Token, r.Lease, false, gens)
 	})
+	// The filter hits go to the verifier (or the suspect path) side by
+	// side: with a SQL verifier one by one would serialise every claim of
+	// the process behind them.
+	var g errgroup.Group
+	g.SetLimit(sideCalls)
 	for j, i := range idx {
 		c, err := claimReply(cmds[j])
-		if err == nil && c.Result == 0 {
-			r := reqs[i]
-			c, err = s.maybe(ctx, r.Key, r.Token, r.Lease)
+		if err != nil || c.Result != 0 {
+			out[i] = dedup.ClaimReply{Claim: c, Err: err}
+			continue
 		}
-		out[i] = dedup.ClaimReply{Claim: c, Err: err}
+		r := reqs[i]
+		g.Go(func() error {
+			c, err := s.maybe(ctx, r.Key, r.Token, r.Lease)
+			out[i] = dedup.ClaimReply{Claim: c, Err: err}
+			return nil
+		})
 	}
+	_ = g.Wait()
 	return out
 }
 
-// CompleteBatch implements [dedup.BatchStore]: the record of truth first,
-// key by key (when the verifier is a bloom.Marker), then one pipeline of
-// complete scripts.
+// sideCalls bounds the record-of-truth and verifier calls of one batch
+// that run at once.
+const sideCalls = 16
+
+// CompleteBatch implements [dedup.BatchStore]: the record of truth first
+// (when the verifier is a bloom.Marker; up to sideCalls keys at once), then
+// one pipeline of complete scripts for the keys it accepted.
 func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
 	out := make([]error, len(reqs))
-	var idx []int
+	var g errgroup.Group
+	g.SetLimit(sideCalls)
 	for i, r := range reqs {
 		if err := prepare(ctx, "complete", r.Key); err != nil {
 			out[i] = err
 			continue
 		}
 		if s.marker != nil {
-			if err := s.marker.MarkDone(ctx, r.Key, r.Window); err != nil {
-				out[i] = storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
-				continue
-			}
+			g.Go(func() error {
+				if err := s.marker.MarkDone(ctx, r.Key, r.Window); err != nil {
+					out[i] = storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+				}
+				return nil
+			})
 		}
-		idx = append(idx, i)
 	}
-	g := s.f.p.Gen(s.f.now())
+	_ = g.Wait()
+	var idx []int
+	for i := range reqs {
+		if out[i] == nil {
+			idx = append(idx, i)
+		}
+	}
+	gen := s.f.p.Gen(s.f.now())
 	cmds := redisscript.Pipelined(ctx, s.raw, tieredComplete, len(idx), func(j int) ([]string, []any) {
 		r := reqs[idx[j]]
-		return s.completeArgs(r.Key, r.Token, r.Window, g)
+		return s.completeArgs(r.Key, r.Token, r.Window, gen)
 	})
 	for j, i := range idx {
 		out[i] = s.completeReply(ctx, cmds[j], reqs[i].Window)

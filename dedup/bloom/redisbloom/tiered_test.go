@@ -138,3 +138,70 @@ func TestTieredStoreVerifiedFalsePositive(t *testing.T) {
 		t.Fatalf("true duplicate without marker: %v %v, want Done from the record of truth", cl, err)
 	}
 }
+
+// barrierMarker is a record of truth whose MarkDone returns only once n
+// calls are in progress at the same time (or fails after a deadline).
+type barrierMarker struct {
+	n       int
+	arrived chan struct{}
+	open    chan struct{}
+}
+
+func newBarrierMarker(n int) *barrierMarker {
+	return &barrierMarker{n: n, arrived: make(chan struct{}, n), open: make(chan struct{})}
+}
+
+func (m *barrierMarker) Done(context.Context, string) (bool, error) { return false, nil }
+
+func (m *barrierMarker) MarkDone(ctx context.Context, _ string, _ time.Duration) error {
+	select {
+	case m.arrived <- struct{}{}:
+		if len(m.arrived) == m.n {
+			close(m.open)
+		}
+	default: // past the first n: the barrier is open
+	}
+	select {
+	case <-m.open:
+		return nil
+	case <-time.After(3 * time.Second):
+		return errors.New("MarkDone calls were not concurrent")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// A batch of completes marks its keys done in the record of truth side by
+// side, not one after another (with a SQL record of truth, one by one would
+// hold every complete of the process behind them).
+func TestTieredCompleteBatchMarksDoneConcurrently(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	const n = 8
+	s, err := redisbloom.NewStore(c, redisbloom.StoreConfig{Filter: tieredFilter(prefix), Verifier: newBarrierMarker(n)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	claims := make([]dedup.ClaimRequest, n)
+	completes := make([]dedup.CompleteRequest, n)
+	for i := range claims {
+		key, tok := "k"+strconv.Itoa(i), "t"+strconv.Itoa(i)
+		claims[i] = dedup.ClaimRequest{Key: key, Token: tok, Lease: time.Minute}
+		completes[i] = dedup.CompleteRequest{Key: key, Token: tok, Window: time.Hour}
+	}
+	for i, r := range s.ClaimBatch(ctx, claims) {
+		if r.Err != nil || r.Claim.Result != dedup.Acquired {
+			t.Fatalf("claim %d: %+v", i, r)
+		}
+	}
+	for i, err := range s.CompleteBatch(ctx, completes) {
+		if err != nil {
+			t.Fatalf("complete %d: %v", i, err)
+		}
+	}
+	for i, r := range s.ClaimBatch(ctx, claims) {
+		if r.Err != nil || r.Claim.Result != dedup.Done {
+			t.Fatalf("claim %d after complete: %+v", i, r)
+		}
+	}
+}
