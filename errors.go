@@ -86,6 +86,14 @@ type RequeueError struct {
 	After  time.Duration // the earliest it should come back
 	Reason string
 	Err    error
+	// InPlace asks a failure policy to leave the delivery in its queue —
+	// the consumer nacks it with requeue after After — rather than park it
+	// in a delay queue. RabbitMQ dead-letters out of a TTL queue at most
+	// once: a parked message that expires while the broker restarts can be
+	// dropped. The dedup guard sets it for in-flight deferrals (short, one
+	// or two per crashed consumer), not for store outages (which would
+	// loop every delivery through the broker's delivery count).
+	InPlace bool
 }
 
 func (e *RequeueError) Error() string {
@@ -96,6 +104,12 @@ func (e *RequeueError) Unwrap() error { return e.Err }
 // Requeue returns a [RequeueError].
 func Requeue(after time.Duration, reason string, err error) error {
 	return &RequeueError{After: after, Reason: reason, Err: err}
+}
+
+// RequeueInPlace returns a [RequeueError] with InPlace set: the delivery
+// stays in its queue until it comes back.
+func RequeueInPlace(after time.Duration, reason string, err error) error {
+	return &RequeueError{After: after, Reason: reason, Err: err, InPlace: true}
 }
 
 // PanicError is what a panicking handler becomes: a failed handler, not a

@@ -257,7 +257,7 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 			after = time.Second
 		}
 		log.Debug("idemq: message in flight elsewhere; delivery deferred", "after", after)
-		return idemq.Requeue(after, RequeueInFlight, ErrInFlight)
+		return idemq.RequeueInPlace(after, RequeueInFlight, ErrInFlight)
 	case Acquired:
 	default:
 		rec.Add(idemq.CountStoreErrors, 1)

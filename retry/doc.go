@@ -8,7 +8,9 @@
 //	                               unparseable, …), then nil
 //	*idemq.RequeueError          → republished to the smallest retry queue
 //	                               whose delay is >= After, the attempt count
-//	                               unchanged, then nil (see below)
+//	                               unchanged, then nil (see below); with
+//	                               InPlace returned unchanged: the consumer
+//	                               requeues it after After
 //	any other error (transient)  → QuickAttempts in-process tries with a short
 //	                               backoff; then republished to the retry
 //	                               queue of this attempt (header
@@ -45,12 +47,22 @@
 // ([topology.ForQueue]); use [ForTopology] to configure the policy from the
 // same declaration that creates the queues.
 //
-// A RequeueError (the dedup guard: another consumer holds the lease, or the
-// store is unavailable) is republished to a retry queue rather than held and
-// nacked, so the consumer's prefetch is not filled with parked deliveries;
-// it carries x-idemq-requeues (how many times) but does not count as an
-// attempt. With no Publisher or no retry queue it is returned unchanged and
-// the consumer requeues it after After.
+// A RequeueError (the dedup guard's store is unavailable) is republished to
+// a retry queue rather than held and nacked, so the consumer's prefetch is
+// not filled with parked deliveries and a long outage does not run up the
+// quorum delivery count; it carries x-idemq-requeues (how many times) but
+// does not count as an attempt. With InPlace (the guard: another consumer
+// holds the lease), no Publisher or no retry queue it is returned unchanged
+// and the consumer requeues it after After, without holding a worker.
+//
+// Retry queues dead-letter back to the work queue at most once (RabbitMQ's
+// default for TTL expiry): a message that expires in a retry queue while
+// the broker restarts can be dropped by the broker (the bank demo with
+// --broker-restarts lost 10 of 500 transfers in one restart when in-flight
+// deferrals were parked there). That is why in-flight deferrals stay in
+// place. Quorum queues' at-least-once dead-lettering would close the gap;
+// on RabbitMQ 3.10.8 its supervisor died under queue deletion right after a
+// restart and then no such queue could start, so idemq does not declare it.
 //
 // Without a Publisher the policy degrades: transient errors are still tried
 // QuickAttempts times, then every error is returned to the consumer, which

@@ -230,8 +230,8 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 }
 
 func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.RequeueError, cause error) error {
-	if p.cfg.Publisher == nil || len(p.cfg.Delays) == 0 {
-		return cause
+	if rq.InPlace || p.cfg.Publisher == nil || len(p.cfg.Delays) == 0 {
+		return cause // the consumer requeues it after rq.After
 	}
 	delay := p.cfg.Delays[len(p.cfg.Delays)-1]
 	found := false

@@ -406,6 +406,44 @@ func TestRequeueErrorIsDelayedNotCounted(t *testing.T) {
 	}
 }
 
+// An in-place RequeueError (the guard's in-flight deferral) is not parked
+// in a retry queue: the consumer nacks it with requeue after After, so it
+// never leaves the work queue (a retry queue's TTL dead-lettering can drop
+// it in a broker restart).
+func TestRequeueInPlaceStaysInTheWorkQueue(t *testing.T) {
+	p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond}})
+	var c calls
+	done := make(chan *idemq.Delivery, 1)
+	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, QuickAttempts: 3},
+		func(ctx context.Context, d *idemq.Delivery) error {
+			if c.add(d) <= 2 {
+				return idemq.RequeueInPlace(150*time.Millisecond, "in-flight", errors.New("another consumer holds the lease"))
+			}
+			done <- d
+			return nil
+		})
+	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "in-place-1"})
+	var d *idemq.Delivery
+	select {
+	case d = <-done:
+	case <-time.After(wait):
+		t.Fatalf("not processed; %d calls", c.n())
+	}
+	// Redelivered by the broker from the work queue, not republished: no
+	// requeue header, the redelivered flag set.
+	if _, ok := d.Headers[retry.HeaderRequeues]; ok {
+		t.Fatalf("delivery carries %s: it was republished, want requeued in place", retry.HeaderRequeues)
+	}
+	if !d.Redelivered {
+		t.Fatal("the delivery is not flagged redelivered: it did not come back from the work queue")
+	}
+	for i := 1; i < 3; i++ {
+		if gap := c.times[i].Sub(c.times[i-1]); gap < 150*time.Millisecond {
+			t.Fatalf("requeue %d came back after %v, want >= 150ms", i, gap)
+		}
+	}
+}
+
 // A dead letter whose publish fails (its queue is missing) is not acked:
 // the delivery stays and is dead-lettered once the queue exists.
 func TestDeadLetterPublishFailureKeepsTheDelivery(t *testing.T) {

@@ -38,6 +38,7 @@ type demoOpts struct {
 	queueType                string
 	jsonOut                  string
 	redisRestarts, proxyCuts int
+	brokerRestarts           int
 }
 
 // Mode names. modeDedupNoPersist is dedup against a private Redis without
@@ -73,6 +74,7 @@ func demoMain(args []string) error {
 	fs.StringVar(&modes, "modes", "", "modes to run, of none,dedup,dedup-nopersist,inbox (default none,dedup,inbox, plus dedup-nopersist when --redis-restarts > 0)")
 	fs.IntVar(&o.redisRestarts, "redis-restarts", -1, "with N > 0, the dedup modes use a private redis-server (dedup: --appendonly yes --appendfsync always; dedup-nopersist: no persistence) that is SIGKILLed and restarted N times mid-run; 0: dedup uses the shared Redis; -1: as many as --cuts")
 	fs.IntVar(&o.proxyCuts, "proxy-cuts", -1, "consumers reach the broker through a TCP proxy of the demo's that cuts all their connections N times mid-run, per mode (0: no proxy; -1: as many as --cuts)")
+	fs.IntVar(&o.brokerRestarts, "broker-restarts", 0, "restarts of the broker (rabbitmqctl stop_app, start_app) mid-run, per mode: every client of the broker sees them")
 	fs.DurationVar(&o.timeout, "timeout", 100*time.Second, "time allowed per mode")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
 	fs.StringVar(&o.jsonOut, "json", "", "also write the ledgers as JSON to this file")
@@ -117,8 +119,9 @@ func demoMain(args []string) error {
 		o.messages, o.resendPct, len(badMessages()), o.consumers)
 	fmt.Printf("%d kill -9 per mode + self-kills at every crash point (rate %.3f), %d broker connection cut(s),\n",
 		o.kills, o.crashRate, o.cuts)
-	fmt.Printf("%d proxy cut(s) of every consumer connection, %d kill -9 + restart(s) of the dedup modes' private Redis.\n\n",
+	fmt.Printf("%d proxy cut(s) of every consumer connection, %d kill -9 + restart(s) of the dedup modes' private Redis,\n",
 		o.proxyCuts, o.redisRestarts)
+	fmt.Printf("%d broker restart(s).\n\n", o.brokerRestarts)
 	var ledgers []*ledger
 	for _, m := range o.modes {
 		fmt.Printf("running mode %-15s ... ", m)
@@ -174,6 +177,7 @@ type ledger struct {
 	redis                    string
 	redisRestarts, redisKept int
 	proxyCuts, proxyConns    int
+	brokerRestarts           int
 	// stuck counts consumers that did not exit within stopGrace of SIGTERM.
 	stuck int
 }
@@ -205,11 +209,12 @@ type Ledger struct {
 	RedisRestarts int    `json:"redis_restarts"`
 	// RedisKept counts the restarts after which a key written just before
 	// the kill was still there.
-	RedisKept   int   `json:"redis_restarts_data_kept"`
-	ProxyCuts   int   `json:"proxy_cuts"`
-	ProxyConns  int   `json:"proxy_connections_cut"`
-	Reconnects  int64 `json:"consumer_reconnects"`
-	StoreErrors int64 `json:"dedup_store_errors"`
+	RedisKept      int   `json:"redis_restarts_data_kept"`
+	BrokerRestarts int   `json:"broker_restarts"`
+	ProxyCuts      int   `json:"proxy_cuts"`
+	ProxyConns     int   `json:"proxy_connections_cut"`
+	Reconnects     int64 `json:"consumer_reconnects"`
+	StoreErrors    int64 `json:"dedup_store_errors"`
 	// StuckOnSigterm counts consumers still running a minute after SIGTERM
 	// (then SIGQUIT for a goroutine dump in their log, then SIGKILL).
 	StuckOnSigterm int `json:"stuck_on_sigterm"`
@@ -222,7 +227,7 @@ func writeLedgers(path string, ls []*ledger) error {
 			Deliveries: l.deliveries, Redeliveries: l.redeliveries, Duplicates: l.dups, Applied: l.applied,
 			AppliedTwice: l.twice, Lost: l.lost, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
-			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts,
+			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
 			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck})
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
@@ -329,6 +334,16 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 				return nil
 			}})
 		}
+	}
+	for k := 1; k <= o.brokerRestarts; k++ {
+		// Between the proxy cuts and the Redis restarts.
+		events = append(events, faultEvent{at: (4*k - 1) * o.messages / (4 * (o.brokerRestarts + 1)), fire: func(ctx context.Context) error {
+			if err := restartBroker(ctx); err != nil {
+				return err
+			}
+			l.brokerRestarts++
+			return nil
+		}})
 	}
 	switch {
 	case mode == modeDedup && o.redisRestarts == 0:
@@ -514,6 +529,21 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 
 // faultEvent is a fault to inject once the consumers have written at least
 // at rows to bank_applied.
+// restartBroker stops and starts the RabbitMQ application on the local
+// node: every connection drops, queues and persistent messages survive.
+func restartBroker(ctx context.Context) error {
+	node := envOr("IDEMQ_RABBITMQ_NODE", "rabbit@localhost")
+	for _, cmd := range []string{"stop_app", "start_app"} {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		out, err := exec.CommandContext(cctx, "rabbitmqctl", "-q", "-n", node, cmd).CombinedOutput()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("broker restart: rabbitmqctl %s: %w: %s", cmd, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
 type faultEvent struct {
 	at   int
 	fire func(ctx context.Context) error
@@ -571,30 +601,58 @@ func appliedCounts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, err
 	return out, rows.Err()
 }
 
+// rawPublish publishes msgs persistent, mandatory and confirmed,
+// reconnecting until ctx ends (a broker restart may be in progress). A
+// message whose confirm was lost with its connection is sent again: a
+// malformed message may be dead-lettered twice, never not at all.
 func rawPublish(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishing) error {
+	sent := 0
+	for {
+		n, err := rawPublishOnce(ctx, amqpURL, queue, msgs[sent:])
+		sent += n
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("publish malformed messages: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// rawPublishOnce publishes msgs on one connection and returns how many
+// were confirmed (and not returned) before the first failure.
+func rawPublishOnce(ctx context.Context, amqpURL, queue string, msgs []amqp.Publishing) (int, error) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := ch.Confirm(false); err != nil {
-		return err
+		return 0, err
 	}
-	for _, m := range msgs {
+	returns := ch.NotifyReturn(make(chan amqp.Return, len(msgs)))
+	for i, m := range msgs {
 		m.DeliveryMode = amqp.Persistent
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, m)
 		if err != nil {
-			return err
+			return i, err
 		}
 		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-			return fmt.Errorf("malformed message not confirmed: %v", err)
+			return i, fmt.Errorf("malformed message not confirmed (nack or %v)", err)
+		}
+		select {
+		case r := <-returns: // sent before the confirm: unroutable
+			return i, fmt.Errorf("malformed message returned: %s", r.ReplyText)
+		default:
 		}
 	}
-	return nil
+	return len(msgs), nil
 }
 
 // queueDepth is the number of ready messages (a passive declare).
@@ -866,6 +924,7 @@ func printLedgers(w io.Writer, ls []*ledger) {
 	row("broker cuts / proxy cuts (conns)", func(l *ledger) string {
 		return fmt.Sprintf("%d/%d (%d)", l.cuts, l.proxyCuts, l.proxyConns)
 	})
+	row("broker restarts (stop/start_app)", func(l *ledger) string { return itoa(int64(l.brokerRestarts)) })
 	row("consumers stuck after SIGTERM", func(l *ledger) string { return itoa(int64(l.stuck)) })
 	row("consumer reconnects (≈)", func(l *ledger) string { return itoa(l.reconnects) })
 	row("dedup Redis", func(l *ledger) string { return l.redis })
