@@ -41,7 +41,7 @@ demo: services ## the bank demo: none, dedup and inbox under kill -9, resends an
 
 chaos: services ## the long fault run: more messages, kills and cuts
 	$(GO) build -o bin/bank ./examples/bank
-	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --crash-rate 0.002 --timeout 10m $(DEMO_ARGS)
+	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --broker-restarts 3 --crash-rate 0.002 --timeout 10m $(DEMO_ARGS)
 
 quickstart: services
 	$(ENV) && $(GO) run ./examples/quickstart

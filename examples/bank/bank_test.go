@@ -233,7 +233,7 @@ func TestFaultSuiteShort(t *testing.T) {
 }
 
 // faultPlan is what a demo run was asked to inject, per mode.
-type faultPlan struct{ proxyCuts, redisRestarts int }
+type faultPlan struct{ proxyCuts, redisRestarts, brokerRestarts int }
 
 func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 	t.Helper()
@@ -262,6 +262,9 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 		}
 		// Every proxy cut happened mid-run and closed at least one consumer
 		// connection (a cut waits for one to be open).
+		if l.BrokerRestarts != plan.brokerRestarts {
+			t.Errorf("%s: %d broker restarts, want %d", l.Mode, l.BrokerRestarts, plan.brokerRestarts)
+		}
 		if l.ProxyCuts != plan.proxyCuts || l.ProxyConns < l.ProxyCuts {
 			t.Errorf("%s: %d proxy cuts closing %d connections, want %d cuts closing at least one each",
 				l.Mode, l.ProxyCuts, l.ProxyConns, plan.proxyCuts)
