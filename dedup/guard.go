@@ -109,8 +109,9 @@ func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + 
 //     returns the handler's error unchanged for the failure policy;
 //   - Done: returns nil without running the handler (a suppressed
 //     duplicate, counted);
-//   - InFlight: returns an idemq.RequeueError so the delivery comes back
-//     after the other owner's lease — it is never acked as a duplicate;
+//   - InFlight: returns an in-place idemq.RequeueError (InPlace set: the
+//     consumer nacks it with requeue after the other owner's lease, it is
+//     not parked in a TTL retry queue) — it is never acked as a duplicate;
 //   - store error: fail-closed returns an idemq.RequeueError after
 //     StoreRetryAfter; FailOpen runs the handler without a record;
 //   - [ErrUncertain] (a probabilistic store that cannot tell done from
