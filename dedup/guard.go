@@ -160,19 +160,17 @@ type guard struct {
 }
 
 // claim asks the store for a lease, in a group of concurrent claims when it
-// can.
+// can. StoreTimeout bounds the call (grouped: the wait for a batch; the
+// batch has its own).
 func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
+	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
+	defer cancel()
 	if g.claims == nil {
-		cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
-		defer cancel()
 		return g.store.Claim(cctx, key, token, g.cfg.Lease)
 	}
 	if err := ctx.Err(); err != nil {
 		return Claim{}, &StoreError{Op: "claim", Err: err}
 	}
-	// StoreTimeout bounds the wait for a batch; the batch itself has its own.
-	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
-	defer cancel()
 	r := g.claims.Do(cctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
 	return r.Claim, r.Err
 }
@@ -180,13 +178,11 @@ func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
 // completeOnce marks the record done, in a group of concurrent completes
 // when it can. It runs even when the handler's context has ended.
 func (g *guard) completeOnce(ctx context.Context, key, token string) error {
-	if g.completes == nil {
-		sctx, cancel := g.storeCtx(ctx)
-		defer cancel()
-		return g.store.Complete(sctx, key, token, g.cfg.Window)
-	}
 	sctx, cancel := g.storeCtx(ctx)
 	defer cancel()
+	if g.completes == nil {
+		return g.store.Complete(sctx, key, token, g.cfg.Window)
+	}
 	return g.completes.Do(sctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
 }
 

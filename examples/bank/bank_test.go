@@ -30,6 +30,37 @@ func buildBank(t *testing.T) string {
 	return bin
 }
 
+// waitSubscribed waits until a consumer declared queue and subscribed to it.
+func waitSubscribed(t *testing.T, queue string) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, "a consumer to subscribe to "+queue, func() bool {
+		conn, err := amqp.Dial(testenv.AMQPURL())
+		if err != nil {
+			return false
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return false
+		}
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Consumers > 0
+	})
+}
+
+// waitExit waits up to within for cmd to end; exited is false if it did
+// not (it is left running).
+func waitExit(cmd *exec.Cmd, within time.Duration) (err error, exited bool) {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err, true
+	case <-time.After(within):
+		return nil, false
+	}
+}
+
 func balance(t *testing.T, db string) (int64, int) {
 	t.Helper()
 	ctx := context.Background()
@@ -69,20 +100,7 @@ func TestBankContract(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = cmd.Process.Kill() }()
-		// Wait until it declared the queue.
-		testenv.Eventually(t, 60*time.Second, "the consumer to declare "+queue, func() bool {
-			conn, err := amqp.Dial(testenv.AMQPURL())
-			if err != nil {
-				return false
-			}
-			defer conn.Close()
-			ch, err := conn.Channel()
-			if err != nil {
-				return false
-			}
-			q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-			return err == nil && q.Consumers > 0
-		})
+		waitSubscribed(t, queue)
 		run := mode + "-" + testenv.Name(t, "")
 		var msgs []amqp.Publishing
 		var want int64
@@ -111,16 +129,11 @@ func TestBankContract(t *testing.T) {
 		if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				b, _ := os.ReadFile(out.Name())
-				t.Fatalf("%s: exit after SIGTERM: %v\n%s", mode, err, b)
-			}
-		case <-time.After(30 * time.Second):
+		if err, exited := waitExit(cmd, 30*time.Second); !exited {
 			t.Fatalf("%s: did not exit within 30s of SIGTERM", mode)
+		} else if err != nil {
+			b, _ := os.ReadFile(out.Name())
+			t.Fatalf("%s: exit after SIGTERM: %v\n%s", mode, err, b)
 		}
 		got, _ := balance(t, db)
 		if got-before != want {

@@ -72,37 +72,14 @@ func crashWindow(t *testing.T, bin, mode, point string, want int) {
 		b, _ := os.ReadFile(filepath.Join(dir, name+".log"))
 		return string(b)
 	}
-	wait := func(cmd *exec.Cmd, within time.Duration) (error, bool) {
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			return err, true
-		case <-time.After(within):
-			return nil, false
-		}
-	}
-
 	// The first consumer declares the topology, takes the transfer and
 	// kills itself at the point.
 	first := start("first", "IDEMQ_BANK_CRASH="+point, "IDEMQ_BANK_CRASH_RATE=1")
-	testenv.Eventually(t, 60*time.Second, "the first consumer to subscribe to "+queue, func() bool {
-		conn, err := amqp.Dial(testenv.AMQPURL())
-		if err != nil {
-			return false
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			return false
-		}
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-		return err == nil && q.Consumers > 0
-	})
+	waitSubscribed(t, queue)
 	id := testenv.Name(t, "transfer")
 	testenv.Publish(t, "", queue, amqp.Publishing{MessageId: id, ContentType: "application/json",
 		Body: []byte(`{"account":"acc-crash","amount":7}`)})
-	err, exited := wait(first, 60*time.Second)
+	err, exited := waitExit(first, 60*time.Second)
 	if !exited {
 		t.Fatalf("the first consumer did not crash at %s within 60s\n%s", point, logOf("first"))
 	}
@@ -134,7 +111,7 @@ func crashWindow(t *testing.T, bin, mode, point string, want int) {
 	if err := second.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	if err, exited := wait(second, 30*time.Second); !exited || err != nil {
+	if err, exited := waitExit(second, 30*time.Second); !exited || err != nil {
 		t.Fatalf("the second consumer after SIGTERM: exited %v, %v\n%s", exited, err, logOf("second"))
 	}
 

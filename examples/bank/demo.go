@@ -436,11 +436,10 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 			}
 		}
 		if cutAt[i] {
-			if out, err := exec.Command("rabbitmqctl", "-q", "-n", envOr("IDEMQ_RABBITMQ_NODE", "rabbit@localhost"),
-				"close_all_connections", "bank demo: connection cut").CombinedOutput(); err == nil {
+			if err := rabbitmqctl(ctx, "close_all_connections", "bank demo: connection cut"); err == nil {
 				l.cuts++
 			} else {
-				fmt.Fprintf(os.Stderr, "(connection cut skipped: %v %s) ", err, strings.TrimSpace(string(out)))
+				fmt.Fprintf(os.Stderr, "(connection cut skipped: %v) ", err)
 			}
 		}
 	}
@@ -527,23 +526,33 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	return l, nil
 }
 
-// faultEvent is a fault to inject once the consumers have written at least
-// at rows to bank_applied.
 // restartBroker stops and starts the RabbitMQ application on the local
 // node: every connection drops, queues and persistent messages survive.
 func restartBroker(ctx context.Context) error {
-	node := envOr("IDEMQ_RABBITMQ_NODE", "rabbit@localhost")
 	for _, cmd := range []string{"stop_app", "start_app"} {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		out, err := exec.CommandContext(cctx, "rabbitmqctl", "-q", "-n", node, cmd).CombinedOutput()
+		err := rabbitmqctl(cctx, cmd)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("broker restart: rabbitmqctl %s: %w: %s", cmd, err, strings.TrimSpace(string(out)))
+			return fmt.Errorf("broker restart: %w", err)
 		}
 	}
 	return nil
 }
 
+// rabbitmqctl runs rabbitmqctl args on the demo's node
+// (IDEMQ_RABBITMQ_NODE); its output is in the error.
+func rabbitmqctl(ctx context.Context, args ...string) error {
+	full := append([]string{"-q", "-n", envOr("IDEMQ_RABBITMQ_NODE", "rabbit@localhost")}, args...)
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", full...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// faultEvent is a fault to inject once the consumers have written at least
+// at rows to bank_applied.
 type faultEvent struct {
 	at   int
 	fire func(ctx context.Context) error
