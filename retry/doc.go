@@ -9,8 +9,10 @@
 //	*idemq.RequeueError          → republished to the smallest retry queue
 //	                               whose delay is >= After, the attempt count
 //	                               unchanged, then nil (see below); with
-//	                               InPlace returned unchanged: the consumer
-//	                               requeues it after After
+//	                               InPlace returned unchanged — the consumer
+//	                               requeues it after After — while its
+//	                               x-delivery-count is below half the
+//	                               DeliveryLimit
 //	any other error (transient)  → QuickAttempts in-process tries with a short
 //	                               backoff; then republished to the retry
 //	                               queue of this attempt (header
@@ -53,7 +55,11 @@
 // quorum delivery count; it carries x-idemq-requeues (how many times) but
 // does not count as an attempt. With InPlace (the guard: another consumer
 // holds the lease), no Publisher or no retry queue it is returned unchanged
-// and the consumer requeues it after After, without holding a worker.
+// and the consumer requeues it after After, without holding a worker. A
+// requeue counts as a delivery on quorum queues (RabbitMQ 3.x), so an
+// in-place deferral whose x-delivery-count has reached half the
+// DeliveryLimit is parked in a retry queue after all (the republish starts
+// the count again) rather than pushed towards the limit.
 //
 // Retry queues dead-letter back to the work queue at most once (RabbitMQ's
 // default for TTL expiry): a message that expires in a retry queue while

@@ -229,8 +229,19 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 	return nil
 }
 
+// roomToRequeue says whether an in-place requeue of d leaves its quorum
+// delivery count well below DeliveryLimit. On RabbitMQ 3.x every requeue
+// counts as a delivery, so a delivery deferred in place again and again
+// would reach the limit and be dead-lettered without ever running; past
+// half the limit it is parked in a retry queue instead, which starts the
+// count again.
+func (p *policy) roomToRequeue(d *idemq.Delivery) bool {
+	n, ok := DeliveryCount(d.Headers)
+	return !ok || p.cfg.DeliveryLimit <= 0 || n < int64(p.cfg.DeliveryLimit/2)
+}
+
 func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.RequeueError, cause error) error {
-	if rq.InPlace || p.cfg.Publisher == nil || len(p.cfg.Delays) == 0 {
+	if p.cfg.Publisher == nil || len(p.cfg.Delays) == 0 || (rq.InPlace && p.roomToRequeue(d)) {
 		return cause // the consumer requeues it after rq.After
 	}
 	delay := p.cfg.Delays[len(p.cfg.Delays)-1]

@@ -444,6 +444,48 @@ func TestRequeueInPlaceStaysInTheWorkQueue(t *testing.T) {
 	}
 }
 
+// In-place deferrals count as deliveries on a quorum queue: past half the
+// delivery limit the policy parks the delivery in a retry queue instead
+// (the republish starts the count again), so a message deferred more
+// often than the limit is never dead-lettered for it.
+func TestRequeueInPlaceParksNearTheDeliveryLimit(t *testing.T) {
+	p := declare(t, topology.Queue{Type: topology.Quorum, DeliveryLimit: 4, RetryDelays: []time.Duration{100 * time.Millisecond}})
+	var c calls
+	done := make(chan *idemq.Delivery, 1)
+	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, DeliveryLimit: p.DeliveryLimit},
+		func(ctx context.Context, d *idemq.Delivery) error {
+			if c.add(d) <= 8 { // twice the limit
+				return idemq.RequeueInPlace(20*time.Millisecond, "in-flight", errors.New("another consumer holds the lease"))
+			}
+			done <- d
+			return nil
+		})
+	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "near-limit-1"})
+	select {
+	case <-done:
+	case <-time.After(wait):
+		t.Fatalf("not processed; %d calls", c.n())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parked := 0
+	for i, d := range c.dels {
+		n, _ := retry.DeliveryCount(d.Headers)
+		if n >= int64(p.DeliveryLimit) {
+			t.Fatalf("call %d saw x-delivery-count %d, the limit is %d", i+1, n, p.DeliveryLimit)
+		}
+		if _, ok := d.Headers[retry.HeaderRequeues]; ok {
+			parked++
+		}
+	}
+	if parked == 0 {
+		t.Fatal("never parked in a retry queue: the delivery count was left to grow")
+	}
+	if n, _ := testenv.QueueCounts(t, p.DLQ); n != 0 {
+		t.Fatalf("%d dead letters, want none", n)
+	}
+}
+
 // A dead letter whose publish fails (its queue is missing) is not acked:
 // the delivery stays and is dead-lettered once the queue exists.
 func TestDeadLetterPublishFailureKeepsTheDelivery(t *testing.T) {
