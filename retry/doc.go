@@ -58,8 +58,10 @@
 // and the consumer requeues it after After, without holding a worker. A
 // requeue counts as a delivery on quorum queues (RabbitMQ 3.x), so an
 // in-place deferral whose x-delivery-count has reached half the
-// DeliveryLimit is parked in a retry queue after all (the republish starts
-// the count again) rather than pushed towards the limit.
+// DeliveryLimit is republished (confirmed, then acked) to the work queue
+// itself, which starts the count again, rather than pushed towards the
+// limit — not to a retry queue, whose dead-lettering a broker restart can
+// drop.
 //
 // Retry queues dead-letter back to the work queue at most once (RabbitMQ's
 // default for TTL expiry): a message that expires in a retry queue while

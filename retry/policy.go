@@ -233,37 +233,47 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 // delivery count well below DeliveryLimit. On RabbitMQ 3.x every requeue
 // counts as a delivery, so a delivery deferred in place again and again
 // would reach the limit and be dead-lettered without ever running; past
-// half the limit it is parked in a retry queue instead, which starts the
-// count again.
+// half the limit it is republished to its work queue instead, which starts
+// the count again.
 func (p *policy) roomToRequeue(d *idemq.Delivery) bool {
 	n, ok := DeliveryCount(d.Headers)
 	return !ok || p.cfg.DeliveryLimit <= 0 || n < int64(p.cfg.DeliveryLimit/2)
 }
 
 func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.RequeueError, cause error) error {
-	if p.cfg.Publisher == nil || len(p.cfg.Delays) == 0 || (rq.InPlace && p.roomToRequeue(d)) {
+	if p.cfg.Publisher == nil || (rq.InPlace && p.roomToRequeue(d)) {
 		return cause // the consumer requeues it after rq.After
 	}
-	delay := p.cfg.Delays[len(p.cfg.Delays)-1]
-	found := false
-	for _, dl := range p.cfg.Delays {
-		if dl >= rq.After && (!found || dl < delay) {
-			delay, found = dl, true
+	// In place with its delivery count spent: republished to the work
+	// queue itself, which starts the count again; the next deferrals are in
+	// place (and wait) again. Not through a retry queue: what the broker
+	// dead-letters out of a TTL queue it may drop in a restart.
+	q, delay := d.Queue, time.Duration(0)
+	if !rq.InPlace {
+		if len(p.cfg.Delays) == 0 {
+			return cause
 		}
+		delay = p.cfg.Delays[len(p.cfg.Delays)-1]
+		found := false
+		for _, dl := range p.cfg.Delays {
+			if dl >= rq.After && (!found || dl < delay) {
+				delay, found = dl, true
+			}
+		}
+		q = p.cfg.RetryQueue(d.Queue, delay)
 	}
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
 	n, _ := Int(h[HeaderRequeues])
 	h[HeaderRequeues] = n + 1
-	q := p.cfg.RetryQueue(d.Queue, delay)
 	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
 		p.cfg.Logger.Warn("idemq/retry: cannot republish a requeued delivery; the consumer requeues it",
-			"message_id", d.MessageID, "retry_queue", q, "err", err)
+			"message_id", d.MessageID, "queue", q, "err", err)
 		return cause
 	}
 	idemq.RecorderFrom(ctx).Add(idemq.CountRetried, 1)
 	p.cfg.Logger.Debug("idemq/retry: delivery sent back for later (not an attempt)",
-		"message_id", d.MessageID, "reason", rq.Reason, "delay", delay)
+		"message_id", d.MessageID, "reason", rq.Reason, "queue", q, "delay", delay)
 	return nil
 }
 

@@ -445,10 +445,11 @@ func TestRequeueInPlaceStaysInTheWorkQueue(t *testing.T) {
 }
 
 // In-place deferrals count as deliveries on a quorum queue: past half the
-// delivery limit the policy parks the delivery in a retry queue instead
-// (the republish starts the count again), so a message deferred more
-// often than the limit is never dead-lettered for it.
-func TestRequeueInPlaceParksNearTheDeliveryLimit(t *testing.T) {
+// delivery limit the policy republishes the delivery to the work queue
+// (which starts the count again; never through a retry queue's TTL
+// dead-lettering), so a message deferred more often than the limit is
+// never dead-lettered for it.
+func TestRequeueInPlaceRepublishesNearTheDeliveryLimit(t *testing.T) {
 	p := declare(t, topology.Queue{Type: topology.Quorum, DeliveryLimit: 4, RetryDelays: []time.Duration{100 * time.Millisecond}})
 	var c calls
 	done := make(chan *idemq.Delivery, 1)
@@ -477,9 +478,12 @@ func TestRequeueInPlaceParksNearTheDeliveryLimit(t *testing.T) {
 		if _, ok := d.Headers[retry.HeaderRequeues]; ok {
 			parked++
 		}
+		if _, ok := d.Headers["x-death"]; ok {
+			t.Fatalf("call %d came through a retry queue (x-death set): %v", i+1, d.Headers["x-death"])
+		}
 	}
 	if parked == 0 {
-		t.Fatal("never parked in a retry queue: the delivery count was left to grow")
+		t.Fatal("never republished: the delivery count was left to grow")
 	}
 	if n, _ := testenv.QueueCounts(t, p.DLQ); n != 0 {
 		t.Fatalf("%d dead letters, want none", n)
