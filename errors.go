@@ -21,7 +21,48 @@ var (
 	ErrInvalidHeaders = errors.New("idemq: invalid message headers")
 	// ErrClosed: the publisher or consumer was closed.
 	ErrClosed = errors.New("idemq: closed")
+	// ErrMessageTooLarge: a publish whose encoded properties and headers do
+	// not fit the connection's frame_max (the broker would close the
+	// connection). It is not sent and not retried.
+	ErrMessageTooLarge = errors.New("idemq: message headers too large for the frame size")
+	// ErrLeaseLost: the dedup lease of the delivery being handled was lost
+	// (not renewed in time, or taken by another consumer). A handler's
+	// context is cancelled with it as the cause.
+	ErrLeaseLost = errors.New("idemq: dedup lease lost")
+	// ErrDependencyUnavailable: a dependency the consumer needs (the
+	// database, the dedup store) cannot be reached. Match it with errors.Is
+	// on an [*UnavailableError].
+	ErrDependencyUnavailable = errors.New("idemq: dependency unavailable")
 )
+
+// UnavailableError says a dependency (Dependency names it: "postgres",
+// "redis", "dedup-store") could not be reached. It is not the message's
+// fault: the failure policy does not count it as an attempt, and the
+// consumer pauses taking deliveries while it lasts. It wraps
+// [ErrDependencyUnavailable] and the cause.
+type UnavailableError struct {
+	Dependency string
+	Err        error
+}
+
+func (e *UnavailableError) Error() string {
+	return "dependency " + e.Dependency + " unavailable: " + errString(e.Err)
+}
+
+// Unwrap returns both the sentinel and the cause.
+func (e *UnavailableError) Unwrap() []error { return []error{ErrDependencyUnavailable, e.Err} }
+
+// Unavailable returns an [*UnavailableError] for dependency with cause err.
+// Unavailable(dep, nil) returns nil.
+func Unavailable(dependency string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &UnavailableError{Dependency: dependency, Err: err}
+}
+
+// IsUnavailable reports whether err says a dependency is unavailable.
+func IsUnavailable(err error) bool { return errors.Is(err, ErrDependencyUnavailable) }
 
 // Dead-letter reasons carried in the x-idemq-reason header.
 const (
