@@ -42,6 +42,10 @@ type ConsumerConfig struct {
 	// namespaced by it, so two services consuming the same message each
 	// process it once. Default: Queue.
 	Group string
+	// ID says where a delivery's message ID comes from; it is decided once
+	// per delivery, before any middleware, and every layer reads it with
+	// [Delivery.ID]. The zero value uses the AMQP message_id only.
+	ID IDConfig
 	// Prefetch is the channel QoS (unacked deliveries in flight). Default 200.
 	Prefetch int
 	// Workers is the number of handler goroutines. Default 4.
@@ -331,7 +335,9 @@ func (c *Consumer) dispatch(ack *acker.Acker, work chan<- job, d amqp.Delivery) 
 	if d.Redelivered {
 		c.rec.Add(CountRedelivered, 1)
 	}
-	work <- job{d: d, del: newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())}
+	del := newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())
+	c.cfg.ID.Apply(del)
+	work <- job{d: d, del: del}
 	return true
 }
 
@@ -347,7 +353,7 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 	var pe *PanicError
 	if errors.As(err, &pe) {
 		c.rec.Add(CountPanics, 1)
-		c.log.Error("idemq: handler panicked", "message_id", j.del.MessageID, "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+		c.log.Error("idemq: handler panicked", "message_id", j.del.LogID(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 	}
 	var re *RequeueError
 	if errors.As(err, &re) {
@@ -356,7 +362,7 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 			after = 0 // shutting down: give it back at once
 		}
 		rq.later(tag, after)
-		c.log.Debug("idemq: delivery requeued for later", "message_id", j.del.MessageID, "after", after, "reason", re.Reason)
+		c.log.Debug("idemq: delivery requeued for later", "message_id", j.del.LogID(), "after", after, "reason", re.Reason)
 		return
 	}
 	if ctx.Err() != nil {
@@ -372,7 +378,7 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 	// requeue loop.
 	c.rec.Add(CountRejected, 1)
 	c.log.Warn("idemq: handler failed; delivery rejected without requeue",
-		"message_id", j.del.MessageID, "reason", ReasonOf(err), "err", err)
+		"message_id", j.del.LogID(), "reason", ReasonOf(err), "err", err)
 	_ = ack.Nack(tag, false)
 }
 

@@ -100,6 +100,10 @@ func (m *Message) publishing(now time.Time) amqp.Publishing {
 // Delivery is one message as a handler sees it. The consumer owns its
 // acknowledgement: the handler's returned error decides it.
 type Delivery struct {
+	// MessageID is the AMQP message_id property as it arrived. The ID
+	// every layer keys on is [Delivery.ID]: the consumer decides it once
+	// from its [IDConfig] (a business key, this property, a header, or a
+	// content hash).
 	MessageID       string
 	Body            []byte
 	Headers         amqp.Table
@@ -123,6 +127,31 @@ type Delivery struct {
 	ConsumerTag string
 	DeliveryTag uint64 // tag on the consumer's current channel (diagnostics only)
 	ReceivedAt  time.Time
+
+	id    string // the ID decided by IDConfig.Apply
+	idErr error
+	idSet bool
+}
+
+// ID returns the delivery's message ID as the consumer decided it (see
+// [IDConfig]), or a [*RejectError] with reason [ReasonMissingID] or
+// [ReasonInvalidID] when it has none or an invalid one. A Delivery the
+// consumer did not build (a test's, say) uses its AMQP MessageID unless
+// [IDConfig.Apply] was called on it.
+func (d *Delivery) ID() (string, error) {
+	if !d.idSet {
+		return IDConfig{}.MessageID(d)
+	}
+	return d.id, d.idErr
+}
+
+// LogID returns the delivery's ID for log lines: the decided ID when there
+// is a valid one, else the raw AMQP message_id.
+func (d *Delivery) LogID() string {
+	if id, err := d.ID(); err == nil {
+		return id
+	}
+	return d.MessageID
 }
 
 func newDelivery(d *amqp.Delivery, queue, group string, now time.Time) *Delivery {

@@ -26,16 +26,17 @@ func ExampleGuard() {
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: "orders",
 		Group: "billing", // keys: idemq:billing:<order ID>
+		// The business key from the body; the AMQP message_id if absent.
+		// Decided once per delivery: every layer keys on it.
+		ID: idemq.IDConfig{Extractor: idemq.FromJSONField("order.id")},
 		Middleware: []idemq.Middleware{
 			dedup.Guard(store, dedup.Config{
 				Lease:  30 * time.Second, // renewed by a heartbeat while the handler runs
 				Window: 24 * time.Hour,   // how long a done order is remembered
-				// The business key from the body; the AMQP message_id if absent.
-				ID: dedup.IDConfig{Extractor: dedup.FromJSONField("order.id")},
 			}),
 		},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		orderID, _ := dedup.MessageIDFrom(ctx) // the ID the guard deduplicated on
+		orderID, _ := d.ID() // the ID every layer deduplicated on
 		return apply(ctx, orderID, d.Body)
 	}))
 	if err != nil {

@@ -61,8 +61,6 @@ type Config struct {
 	// together next, so there is no added wait. Default 128; 1 turns
 	// grouping off (one round trip per call).
 	MaxBatch int
-	// ID says where the message ID comes from (see [IDConfig]).
-	ID IDConfig
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -186,22 +184,12 @@ func (g *guard) completeOnce(ctx context.Context, key, token string) error {
 	return g.completes.Do(sctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
 }
 
-type idKey struct{}
-
-// MessageIDFrom returns the message ID the guard found for the delivery
-// being handled (the business key when an Extractor is configured).
-func MessageIDFrom(ctx context.Context) (string, bool) {
-	id, ok := ctx.Value(idKey{}).(string)
-	return id, ok
-}
-
 func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handler) error {
 	rec := idemq.RecorderFrom(ctx)
-	id, err := g.cfg.ID.MessageID(d)
+	id, err := d.ID()
 	if err != nil {
 		return err
 	}
-	ctx = context.WithValue(ctx, idKey{}, id)
 	group := d.Group
 	if group == "" {
 		group = d.Queue

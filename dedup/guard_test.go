@@ -255,13 +255,14 @@ func TestGuardCompletesAfterTheHandlerContextEnds(t *testing.T) {
 
 func TestGuardKeyNamespacing(t *testing.T) {
 	h := newHarness()
-	g := h.handler(dedup.Config{Prefix: "svc", ID: dedup.IDConfig{Extractor: dedup.FromJSONField("order")}}, func(ctx context.Context, d *idemq.Delivery) error {
-		if id, _ := dedup.MessageIDFrom(ctx); id != "o-1" {
-			t.Errorf("MessageIDFrom = %q, want o-1", id)
+	g := h.handler(dedup.Config{Prefix: "svc"}, func(ctx context.Context, d *idemq.Delivery) error {
+		if id, _ := d.ID(); id != "o-1" {
+			t.Errorf("d.ID() = %q, want o-1", id)
 		}
 		return nil
 	})
 	d := &idemq.Delivery{Queue: "orders", Body: []byte(`{"order":"o-1"}`)} // no Group: the queue is the group
+	idemq.IDConfig{Extractor: idemq.FromJSONField("order")}.Apply(d)       // what the consumer does
 	if err := g.Handle(h.ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -403,4 +404,12 @@ func TestGuardGroupsConcurrentCallsOfABatchStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+func reasonOf(err error) string {
+	var r *idemq.RejectError
+	if errors.As(err, &r) {
+		return r.Reason
+	}
+	return ""
 }

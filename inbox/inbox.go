@@ -24,12 +24,6 @@ type Config struct {
 	// Group is the consumer group the rows are keyed by. Default: the
 	// delivery's Group (the consumer's ConsumerConfig.Group).
 	Group string
-	// ID extracts the message ID from a delivery (a business key from a
-	// header or the body). It is validated with [idemq.ValidateID]. An
-	// extractor error rejects the delivery (reason missing-id unless the
-	// error is an [*idemq.RejectError] with its own reason). Default: the
-	// AMQP message_id.
-	ID func(d *idemq.Delivery) (string, error)
 	// Window is how long inbox rows are kept (the dedup window): a
 	// duplicate arriving later than this is processed again. Default 7
 	// days.
@@ -177,23 +171,11 @@ func (ib *Inbox[T]) key(d *idemq.Delivery) (group, id string, err error) {
 	if err := validGroup(group); err != nil {
 		return "", "", idemq.Reject(idemq.ReasonInvalidID, err)
 	}
-	id = d.MessageID
-	if ib.cfg.ID != nil {
-		id, err = ib.cfg.ID(d)
-		if err != nil {
-			var re *idemq.RejectError
-			if errors.As(err, &re) {
-				return "", "", err
-			}
-			return "", "", idemq.Reject(idemq.ReasonMissingID, fmt.Errorf("inbox: extract message ID: %w", err))
-		}
-	}
-	if err := idemq.ValidateID(id); err != nil {
-		reason := idemq.ReasonInvalidID
-		if errors.Is(err, idemq.ErrMissingMessageID) {
-			reason = idemq.ReasonMissingID
-		}
-		return "", "", idemq.Reject(reason, err)
+	// The consumer decided the ID (ConsumerConfig.ID): the inbox keys on
+	// the same value as the guard and every other layer.
+	id, err = d.ID()
+	if err != nil {
+		return "", "", err
 	}
 	return group, id, nil
 }

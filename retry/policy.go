@@ -360,7 +360,7 @@ func errText(err error) string {
 // republish builds the message that carries d to exchange/key with headers h.
 func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Message {
 	return idemq.Message{
-		ID:              d.MessageID,
+		ID:              d.LogID(), // the ID the consumer decided, when valid
 		Exchange:        exchange,
 		RoutingKey:      key,
 		Body:            d.Body,

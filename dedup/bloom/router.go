@@ -127,8 +127,8 @@ func route(ctx context.Context, cfg RouterConfig, d *idemq.Delivery, sde *Suspec
 // suspectID keeps the message ID; a delivery whose ID came from elsewhere
 // (a header) gets its dedup key, or that key's SHA-256 when too long.
 func suspectID(d *idemq.Delivery, key string) string {
-	if idemq.ValidateID(d.MessageID) == nil {
-		return d.MessageID
+	if id, err := d.ID(); err == nil {
+		return id
 	}
 	if idemq.ValidateID(key) == nil {
 		return key

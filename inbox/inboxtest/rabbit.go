@@ -357,3 +357,41 @@ func testFastPath[T any](t *testing.T, h Harness[T]) {
 	}
 	e.wantBalances(Amount, list...)
 }
+
+// testSharedID: the consumer decides a delivery's ID once (here from a
+// header: the messages carry no AMQP message_id) and both the dedup guard
+// and the inbox key on it. Before the ID moved into ConsumerConfig the
+// guard took its own rule (a fallback header) and the inbox its own (the
+// message_id), so the inbox rejected every such delivery as missing-id.
+func testSharedID[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	list := ids("sid", 8)
+	e.accounts(list...)
+	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	store := dedup.NewMemory(dedup.MemoryConfig{})
+	q := testenv.Queue(t, nil)
+	rec, _ := consume(t, q, ib.Handler(effect(e.db.Driver)), func(c *idemq.ConsumerConfig) {
+		c.ID = idemq.IDConfig{FallbackHeader: "x-order"}
+		// Copies arrive together: the second waits for the first's
+		// lease; don't make it wait the whole default lease.
+		c.Middleware = []idemq.Middleware{dedup.Guard(store, dedup.Config{InFlightRetryAfter: 100 * time.Millisecond})}
+	})
+	var msgs []amqp.Publishing
+	for _, id := range copies(list, 2) {
+		msgs = append(msgs, amqp.Publishing{Body: []byte(id), Headers: amqp.Table{"x-order": "order-" + id}})
+	}
+	testenv.Publish(t, "", q, msgs...)
+	waitCount(t, "deliveries acked", int64(len(msgs)), rec)
+	if r := rec.Get(idemq.CountRejected); r != 0 {
+		t.Fatalf("%d deliveries rejected: the layers disagree on the message ID", r)
+	}
+	e.wantBalances(Amount, list...)
+	for _, id := range list {
+		if _, ok, _ := store.Get(context.Background(), dedup.Key("idemq", group, "order-"+id)); !ok {
+			t.Fatalf("no guard record for order-%s", id)
+		}
+	}
+	if n := e.int("SELECT COUNT(*) FROM idemq_inbox WHERE message_id LIKE 'order-sid-%'"); n != int64(len(list)) {
+		t.Fatalf("%d inbox rows keyed on the header ID, want %d", n, len(list))
+	}
+}

@@ -43,6 +43,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("RabbitBatchPoison", func(t *testing.T) { testBatchPoison(t, h) })
 	t.Run("RabbitKilledAfterCommit", func(t *testing.T) { testKilled(t, h) })
 	t.Run("RabbitDedupFastPath", func(t *testing.T) { testFastPath(t, h) })
+	t.Run("RabbitSharedID", func(t *testing.T) { testSharedID(t, h) })
 }
 
 // env is one test's database.
@@ -282,12 +283,16 @@ func testBadIDs[T any](t *testing.T, h Harness[T]) {
 	ran := 0
 	run := func(ctx context.Context, tx T, d *idemq.Delivery) error { ran++; return nil }
 	plain := newInbox(t, e.db.Driver, inbox.Config{}).Handler(run)
-	byHeader := newInbox(t, e.db.Driver, inbox.Config{ID: func(d *idemq.Delivery) (string, error) {
+	// The consumer decides the ID (ConsumerConfig.ID); byRule applies the
+	// same rule to a hand-built delivery. The inbox keys on that value.
+	rule := idemq.IDConfig{Extractor: func(d *idemq.Delivery) (string, error) {
 		if k := d.HeaderString("order"); k != "" {
 			return "order-" + k, nil
 		}
-		return "", errors.New("no order header")
-	}}).Handler(run)
+		return "", nil
+	}}
+	byRule := func(d *idemq.Delivery) *idemq.Delivery { rule.Apply(d); return d }
+	byHeader := plain
 	ctx := ctxT(t)
 	for _, tc := range []struct {
 		name   string
@@ -300,8 +305,8 @@ func testBadIDs[T any](t *testing.T, h Harness[T]) {
 		{"too long", plain, &idemq.Delivery{MessageID: strings.Repeat("x", idemq.MaxIDLength+1), Group: "g"}, idemq.ReasonInvalidID},
 		{"bad utf8", plain, &idemq.Delivery{MessageID: "\xff\xfe", Group: "g"}, idemq.ReasonInvalidID},
 		{"no group", plain, &idemq.Delivery{MessageID: "x"}, idemq.ReasonInvalidID},
-		{"extractor fails", byHeader, &idemq.Delivery{MessageID: "m", Group: "g"}, idemq.ReasonMissingID},
-		{"extractor gives bad id", byHeader, &idemq.Delivery{Group: "g", Headers: amqp.Table{"order": "\n"}}, idemq.ReasonInvalidID},
+		{"rule finds nothing", byHeader, byRule(&idemq.Delivery{Group: "g"}), idemq.ReasonMissingID},
+		{"rule gives bad id", byHeader, byRule(&idemq.Delivery{Group: "g", Headers: amqp.Table{"order": "\n"}}), idemq.ReasonInvalidID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.h.Handle(ctx, tc.d)
@@ -320,7 +325,7 @@ func testBadIDs[T any](t *testing.T, h Harness[T]) {
 	// The extractor's ID is the key: two messages with different AMQP IDs
 	// but one business key run once.
 	for _, mid := range []string{"amqp-1", "amqp-2"} {
-		d := &idemq.Delivery{MessageID: mid, Group: "g", Headers: amqp.Table{"order": "7"}}
+		d := byRule(&idemq.Delivery{MessageID: mid, Group: "g", Headers: amqp.Table{"order": "7"}})
 		if err := byHeader.Handle(ctx, d); err != nil {
 			t.Fatal(err)
 		}

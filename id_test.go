@@ -1,4 +1,4 @@
-package dedup_test
+package idemq_test
 
 import (
 	"crypto/sha256"
@@ -10,7 +10,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/dedup"
 )
 
 func reasonOf(err error) string {
@@ -26,55 +25,55 @@ func TestMessageIDSources(t *testing.T) {
 	hash := "sha256:" + hex.EncodeToString(sum[:])
 	cases := []struct {
 		name   string
-		cfg    dedup.IDConfig
+		cfg    idemq.IDConfig
 		d      idemq.Delivery
 		want   string
 		reason string // when an error is expected
 	}{
-		{"message_id", dedup.IDConfig{}, idemq.Delivery{MessageID: "m1"}, "m1", ""},
-		{"nothing", dedup.IDConfig{}, idemq.Delivery{Body: []byte("body")}, "", idemq.ReasonMissingID},
-		{"extractor first", dedup.IDConfig{Extractor: dedup.FromHeader("order")},
+		{"message_id", idemq.IDConfig{}, idemq.Delivery{MessageID: "m1"}, "m1", ""},
+		{"nothing", idemq.IDConfig{}, idemq.Delivery{Body: []byte("body")}, "", idemq.ReasonMissingID},
+		{"extractor first", idemq.IDConfig{Extractor: idemq.FromHeader("order")},
 			idemq.Delivery{MessageID: "m1", Headers: amqp.Table{"order": "o-7"}}, "o-7", ""},
-		{"extractor absent falls through to message_id", dedup.IDConfig{Extractor: dedup.FromHeader("order")},
+		{"extractor absent falls through to message_id", idemq.IDConfig{Extractor: idemq.FromHeader("order")},
 			idemq.Delivery{MessageID: "m1"}, "m1", ""},
-		{"integer header", dedup.IDConfig{Extractor: dedup.FromHeader("n")},
+		{"integer header", idemq.IDConfig{Extractor: idemq.FromHeader("n")},
 			idemq.Delivery{Headers: amqp.Table{"n": int64(42)}}, "42", ""},
-		{"bytes header", dedup.IDConfig{Extractor: dedup.FromHeader("n")},
+		{"bytes header", idemq.IDConfig{Extractor: idemq.FromHeader("n")},
 			idemq.Delivery{Headers: amqp.Table{"n": []byte("b")}}, "b", ""},
-		{"table header is invalid", dedup.IDConfig{Extractor: dedup.FromHeader("n")},
+		{"table header is invalid", idemq.IDConfig{Extractor: idemq.FromHeader("n")},
 			idemq.Delivery{MessageID: "m1", Headers: amqp.Table{"n": amqp.Table{}}}, "", idemq.ReasonInvalidID},
-		{"fallback header after message_id", dedup.IDConfig{FallbackHeader: "x-id"},
+		{"fallback header after message_id", idemq.IDConfig{FallbackHeader: "x-id"},
 			idemq.Delivery{Headers: amqp.Table{"x-id": "h1"}}, "h1", ""},
-		{"message_id wins over fallback", dedup.IDConfig{FallbackHeader: "x-id"},
+		{"message_id wins over fallback", idemq.IDConfig{FallbackHeader: "x-id"},
 			idemq.Delivery{MessageID: "m1", Headers: amqp.Table{"x-id": "h1"}}, "m1", ""},
-		{"json field", dedup.IDConfig{Extractor: dedup.FromJSONField("order.id")},
+		{"json field", idemq.IDConfig{Extractor: idemq.FromJSONField("order.id")},
 			idemq.Delivery{Body: []byte(`{"order":{"id":"A-1"}}`)}, "A-1", ""},
-		{"json number keeps its text", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json number keeps its text", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{Body: []byte(`{"id":12345678901234567890}`)}, "12345678901234567890", ""},
-		{"json field absent falls through", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json field absent falls through", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{MessageID: "m1", Body: []byte(`{"other":1}`)}, "m1", ""},
-		{"json null falls through", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json null falls through", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{MessageID: "m1", Body: []byte(`{"id":null}`)}, "m1", ""},
-		{"json not an object", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json not an object", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{MessageID: "m1", Body: []byte(`[1]`)}, "", idemq.ReasonInvalidID},
-		{"json garbage", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json garbage", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{MessageID: "m1", Body: []byte(`{"id":`)}, "", idemq.ReasonInvalidID},
-		{"json trailing data", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json trailing data", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{Body: []byte(`{"id":"a"} {"id":"b"}`)}, "", idemq.ReasonInvalidID},
-		{"json bool", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json bool", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{Body: []byte(`{"id":true}`)}, "", idemq.ReasonInvalidID},
-		{"json empty string is absent", dedup.IDConfig{Extractor: dedup.FromJSONField("id")},
+		{"json empty string is absent", idemq.IDConfig{Extractor: idemq.FromJSONField("id")},
 			idemq.Delivery{Body: []byte(`{"id":""}`)}, "", idemq.ReasonMissingID},
-		{"content hash only when chosen", dedup.IDConfig{ContentHash: true},
+		{"content hash only when chosen", idemq.IDConfig{ContentHash: true},
 			idemq.Delivery{Body: []byte("body")}, hash, ""},
-		{"content hash is the last resort", dedup.IDConfig{ContentHash: true},
+		{"content hash is the last resort", idemq.IDConfig{ContentHash: true},
 			idemq.Delivery{MessageID: "m1", Body: []byte("body")}, "m1", ""},
-		{"too long", dedup.IDConfig{}, idemq.Delivery{MessageID: strings.Repeat("x", 256)}, "", idemq.ReasonInvalidID},
-		{"control character", dedup.IDConfig{}, idemq.Delivery{MessageID: "a\nb"}, "", idemq.ReasonInvalidID},
-		{"invalid utf-8", dedup.IDConfig{}, idemq.Delivery{MessageID: "a\xffb"}, "", idemq.ReasonInvalidID},
-		{"invalid extractor ID is not skipped", dedup.IDConfig{Extractor: dedup.FromHeader("order")},
+		{"too long", idemq.IDConfig{}, idemq.Delivery{MessageID: strings.Repeat("x", 256)}, "", idemq.ReasonInvalidID},
+		{"control character", idemq.IDConfig{}, idemq.Delivery{MessageID: "a\nb"}, "", idemq.ReasonInvalidID},
+		{"invalid utf-8", idemq.IDConfig{}, idemq.Delivery{MessageID: "a\xffb"}, "", idemq.ReasonInvalidID},
+		{"invalid extractor ID is not skipped", idemq.IDConfig{Extractor: idemq.FromHeader("order")},
 			idemq.Delivery{MessageID: "m1", Headers: amqp.Table{"order": "bad\x00"}}, "", idemq.ReasonInvalidID},
-		{"custom extractor error", dedup.IDConfig{Extractor: func(*idemq.Delivery) (string, error) {
+		{"custom extractor error", idemq.IDConfig{Extractor: func(*idemq.Delivery) (string, error) {
 			return "", idemq.ErrMissingMessageID
 		}}, idemq.Delivery{MessageID: "m1"}, "", idemq.ReasonMissingID},
 	}
@@ -106,7 +105,7 @@ func FuzzMessageID(f *testing.F) {
 	f.Add("", "", []byte(`{"order":{"id":"`+strings.Repeat("z", 300)+`"}}`), false)
 	f.Add("", "", []byte{}, true)
 	f.Fuzz(func(t *testing.T, msgID, header string, body []byte, hash bool) {
-		cfg := dedup.IDConfig{Extractor: dedup.FromJSONField("order.id"), FallbackHeader: "x-id", ContentHash: hash}
+		cfg := idemq.IDConfig{Extractor: idemq.FromJSONField("order.id"), FallbackHeader: "x-id", ContentHash: hash}
 		d := &idemq.Delivery{MessageID: msgID, Body: body, Headers: amqp.Table{"x-id": header}}
 		id, err := cfg.MessageID(d)
 		id2, err2 := cfg.MessageID(d)
@@ -136,7 +135,7 @@ func FuzzFromJSONField(f *testing.F) {
 	f.Add([]byte(`"str"`), "a")
 	f.Add([]byte("\xff{"), "")
 	f.Fuzz(func(t *testing.T, body []byte, path string) {
-		id, err := dedup.FromJSONField(path)(&idemq.Delivery{Body: body})
+		id, err := idemq.FromJSONField(path)(&idemq.Delivery{Body: body})
 		if err != nil && id != "" {
 			t.Fatalf("ID %q with error %v", id, err)
 		}

@@ -1,4 +1,4 @@
-package dedup
+package idemq
 
 import (
 	"bytes"
@@ -9,18 +9,20 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/idemq/idemq"
 )
 
 // Extractor returns the message ID of a delivery from a business key (a
 // header, a body field). It returns "" and a nil error when the delivery
 // does not carry that key, so the next source is tried; an error means the
 // key is there but unusable (the delivery is rejected with reason
-// invalid-id, or missing-id when the error wraps idemq.ErrMissingMessageID).
-type Extractor func(d *idemq.Delivery) (string, error)
+// invalid-id, or missing-id when the error wraps ErrMissingMessageID).
+type Extractor func(d *Delivery) (string, error)
 
-// IDConfig says where the guard finds a delivery's message ID. The sources
+// IDConfig says where the consumer finds a delivery's message ID. The ID is
+// decided once per delivery, by the consumer, before any middleware runs
+// ([ConsumerConfig].ID); the dedup guard, the inbox, the Bloom tier, the
+// retry policy and dead-lettering all read that one value through
+// [Delivery.ID]. The sources
 // are tried in this order, the first that yields a non-empty ID wins:
 //
 //  1. Extractor (a business key: [FromHeader], [FromJSONField] or your own);
@@ -28,7 +30,7 @@ type Extractor func(d *idemq.Delivery) (string, error)
 //  3. FallbackHeader;
 //  4. a SHA-256 of the body, only when ContentHash is set.
 //
-// The ID found is validated with [idemq.ValidateID]. No ID at all rejects
+// The ID found is validated with [ValidateID]. No ID at all rejects
 // the delivery with reason missing-id, an invalid one with invalid-id: it
 // is never processed unguarded. The zero value uses the message_id only.
 type IDConfig struct {
@@ -40,28 +42,38 @@ type IDConfig struct {
 	ContentHash bool
 }
 
-// MessageID returns the validated message ID of d, or an *idemq.RejectError
-// (reason idemq.ReasonMissingID or idemq.ReasonInvalidID).
-func (c IDConfig) MessageID(d *idemq.Delivery) (string, error) {
+// MessageID returns the validated message ID of d, or a [*RejectError]
+// (reason [ReasonMissingID] or [ReasonInvalidID]). It reads the delivery's
+// properties only; the consumer calls it once per delivery (see [Apply]).
+func (c IDConfig) MessageID(d *Delivery) (string, error) {
 	id, source, err := c.find(d)
 	if err != nil {
-		reason := idemq.ReasonInvalidID
-		if errors.Is(err, idemq.ErrMissingMessageID) {
-			reason = idemq.ReasonMissingID
+		reason := ReasonInvalidID
+		if errors.Is(err, ErrMissingMessageID) {
+			reason = ReasonMissingID
 		}
-		return "", idemq.Reject(reason, fmt.Errorf("message ID from %s: %w", source, err))
+		return "", Reject(reason, fmt.Errorf("message ID from %s: %w", source, err))
 	}
 	if id == "" {
-		return "", idemq.Reject(idemq.ReasonMissingID, idemq.ErrMissingMessageID)
+		return "", Reject(ReasonMissingID, ErrMissingMessageID)
 	}
-	if err := idemq.ValidateID(id); err != nil {
-		return "", idemq.Reject(idemq.ReasonInvalidID, fmt.Errorf("message ID from %s: %w", source, err))
+	if err := ValidateID(id); err != nil {
+		return "", Reject(ReasonInvalidID, fmt.Errorf("message ID from %s: %w", source, err))
 	}
 	return id, nil
 }
 
+// Apply decides d's message ID with c and stores it in d, so that
+// [Delivery.ID] returns it to every layer. The consumer calls it for each
+// delivery; call it yourself when you build a Delivery by hand and want a
+// rule other than the AMQP message_id.
+func (c IDConfig) Apply(d *Delivery) {
+	d.id, d.idErr = c.MessageID(d)
+	d.idSet = true
+}
+
 // find returns the first non-empty ID and the name of its source.
-func (c IDConfig) find(d *idemq.Delivery) (id, source string, err error) {
+func (c IDConfig) find(d *Delivery) (id, source string, err error) {
 	if c.Extractor != nil {
 		id, err := c.Extractor(d)
 		if err != nil || id != "" {
@@ -87,10 +99,10 @@ func (c IDConfig) find(d *idemq.Delivery) (id, source string, err error) {
 // FromHeader extracts the ID from a header. String and []byte values are
 // taken as they are, integers in decimal; any other type is an error.
 func FromHeader(name string) Extractor {
-	return func(d *idemq.Delivery) (string, error) { return headerID(d, name) }
+	return func(d *Delivery) (string, error) { return headerID(d, name) }
 }
 
-func headerID(d *idemq.Delivery, name string) (string, error) {
+func headerID(d *Delivery, name string) (string, error) {
 	switch v := d.Header(name).(type) {
 	case nil:
 		return "", nil
@@ -117,7 +129,7 @@ func headerID(d *idemq.Delivery, name string) (string, error) {
 	case uint64:
 		return strconv.FormatUint(v, 10), nil
 	default:
-		return "", fmt.Errorf("%w: header %q is a %T, want a string or an integer", idemq.ErrInvalidMessageID, name, v)
+		return "", fmt.Errorf("%w: header %q is a %T, want a string or an integer", ErrInvalidMessageID, name, v)
 	}
 }
 
@@ -129,15 +141,15 @@ func headerID(d *idemq.Delivery, name string) (string, error) {
 // passed through with a made-up ID).
 func FromJSONField(path string) Extractor {
 	parts := strings.Split(path, ".")
-	return func(d *idemq.Delivery) (string, error) {
+	return func(d *Delivery) (string, error) {
 		dec := json.NewDecoder(bytes.NewReader(d.Body))
 		dec.UseNumber()
 		var v any
 		if err := dec.Decode(&v); err != nil {
-			return "", fmt.Errorf("%w: body is not JSON: %v", idemq.ErrInvalidMessageID, err)
+			return "", fmt.Errorf("%w: body is not JSON: %v", ErrInvalidMessageID, err)
 		}
 		if rest := bytes.TrimSpace(d.Body[dec.InputOffset():]); len(rest) > 0 {
-			return "", fmt.Errorf("%w: body has data after its JSON value", idemq.ErrInvalidMessageID)
+			return "", fmt.Errorf("%w: body has data after its JSON value", ErrInvalidMessageID)
 		}
 		for i, p := range parts {
 			obj, ok := v.(map[string]any)
@@ -146,7 +158,7 @@ func FromJSONField(path string) Extractor {
 				if i > 0 {
 					what = fmt.Sprintf("JSON field %q", strings.Join(parts[:i], "."))
 				}
-				return "", fmt.Errorf("%w: %s is not a JSON object", idemq.ErrInvalidMessageID, what)
+				return "", fmt.Errorf("%w: %s is not a JSON object", ErrInvalidMessageID, what)
 			}
 			if v, ok = obj[p]; !ok {
 				return "", nil
@@ -160,7 +172,7 @@ func FromJSONField(path string) Extractor {
 		case json.Number:
 			return x.String(), nil
 		default:
-			return "", fmt.Errorf("%w: JSON field %q is a %T, want a string or a number", idemq.ErrInvalidMessageID, path, x)
+			return "", fmt.Errorf("%w: JSON field %q is a %T, want a string or a number", ErrInvalidMessageID, path, x)
 		}
 	}
 }
