@@ -151,8 +151,9 @@ const (
 // writes (3 bind parameters each: far below every dialect's limit).
 const insertChunk = 500
 
-// errSomeExist: the multi-row INSERT IGNORE of the fast path inserted fewer
-// rows than it was given, and rows affected cannot say which ones.
+// errSomeExist: some rows of the fast path's multi-row INSERT already
+// exist, and without INSERT ... RETURNING it cannot say which (MySQL: the
+// statement failed with a duplicate key and inserted none).
 var errSomeExist = errors.New("some inbox rows already exist")
 
 // runGuarded runs bt and always releases its followers: a panic outside
@@ -287,6 +288,9 @@ func (b *Batcher[T]) insertRows(ctx context.Context, tx T, items []*batchItem) e
 		if !returning {
 			got, err := drv.Exec(ctx, tx, q, args...)
 			if err != nil {
+				if b.ib.isDuplicate(err) {
+					return fmt.Errorf("%w: %w", errSomeExist, err)
+				}
 				return fmt.Errorf("inbox: insert rows: %w", err)
 			}
 			if got != int64(n) {

@@ -88,6 +88,11 @@ type statements struct {
 	// statement return the message_id of each row it inserted (PostgreSQL
 	// and SQLite; MySQL has no INSERT ... RETURNING).
 	insertHead, insertTail, returning string
+
+	// dupIsError: insert and the multi-row insert fail on an existing row
+	// (MySQL) instead of skipping it; the driver's [DuplicateKeyReporter]
+	// tells that failure from any other.
+	dupIsError bool
 }
 
 func (d Dialect) statements(table string) (statements, error) {
@@ -133,8 +138,16 @@ func (d Dialect) statements(table string) (statements, error) {
 	PRIMARY KEY (group_name, message_id),
 	KEY ` + idx + ` (received_at)) ENGINE=InnoDB`,
 		}
-		s.insert = "INSERT IGNORE INTO " + qt + " (group_name, message_id, received_at) VALUES (?, ?, ?)"
-		s.insertHead = "INSERT IGNORE INTO " + qt + " (group_name, message_id, received_at) VALUES "
+		// A plain INSERT: the driver reports a duplicate key as error 1062
+		// ([DuplicateKeyReporter]), which in MySQL rolls back only the
+		// statement. Not INSERT IGNORE, which turns every error (a value
+		// truncated or converted, a CHECK failure, ...) into a warning and
+		// stores a mangled key or none, read as a duplicate. Not ON
+		// DUPLICATE KEY UPDATE either: with the DSN's clientFoundRows an
+		// unchanged duplicate counts as one affected row, like an insert.
+		s.insert = "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES (?, ?, ?)"
+		s.insertHead = "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES "
+		s.dupIsError = true
 		s.purge = "DELETE FROM " + qt + " WHERE received_at < ? ORDER BY received_at LIMIT ?"
 	case SQLite:
 		s.migrate = []string{

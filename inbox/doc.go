@@ -3,17 +3,21 @@
 // handler's effect, so the effect is applied exactly once even when a
 // consumer dies between its commit and its ack.
 //
-// Per delivery: BEGIN → INSERT the row (ON CONFLICT DO NOTHING / INSERT
-// IGNORE) → zero rows: a duplicate, roll back, count, ack → else run the
-// handler with the open transaction → COMMIT → ack. A handler error rolls
-// back and goes to the failure policy. [Inbox.Batch] runs many deliveries
+// Per delivery: BEGIN → INSERT the row (ON CONFLICT DO NOTHING on
+// PostgreSQL and SQLite; on MySQL a plain INSERT whose duplicate-key error,
+// 1062, is the duplicate) → row already there: a duplicate, roll back,
+// count, ack → else run the handler with the open transaction → COMMIT →
+// ack. A handler error rolls back and goes to the failure policy; so does
+// a row the database refuses for any other reason (never read as a
+// duplicate). [Inbox.Batch] runs many deliveries
 // in one transaction: their inbox rows in multi-row INSERTs and their
 // handlers in turn, or, when a handler fails, again with a savepoint each.
 //
 // Dependency hygiene: this package imports no driver. [Dialect] values are
 // plain data and [SQL] is database/sql; the pgx driver lives in
 // inbox/postgres, MySQL and SQLite constructors in inbox/mysql and
-// inbox/sqlite (which import no driver either: you import yours).
+// inbox/sqlite (inbox/sqlite imports no driver; inbox/mysql imports
+// go-sql-driver/mysql for its error type).
 //
 // # Guarantees
 //

@@ -29,6 +29,17 @@ type Driver[T any] interface {
 	Rollback(ctx context.Context, tx T) error
 }
 
+// DuplicateKeyReporter is a capability a [Driver] for the MySQL dialect
+// must have: the MySQL inbox writes its row with a plain INSERT, and a
+// duplicate is the statement failing with a duplicate-key error (MySQL
+// error 1062, ER_DUP_ENTRY), told from every other failure by
+// IsDuplicateKey. Any other error fails the delivery. inbox/mysql's driver
+// has it; [New] refuses a MySQL driver without it. A driver that wraps
+// another (tracing, say) must forward it.
+type DuplicateKeyReporter interface {
+	IsDuplicateKey(err error) bool
+}
+
 // queryDriver is the optional capability of a [Driver] described there.
 type queryDriver[T any] interface {
 	QueryStrings(ctx context.Context, tx T, query string, args ...any) ([]string, error)
@@ -41,7 +52,9 @@ type SQLBeginner interface {
 
 // SQL returns a database/sql [Driver] for dialect d: PostgreSQL through
 // pgx/v5/stdlib, MySQL/MariaDB through go-sql-driver/mysql, SQLite through
-// modernc.org/sqlite. It imports no driver; the caller opens db. For SQLite
+// modernc.org/sqlite. It imports no driver; the caller opens db. For MySQL
+// use inbox/mysql's driver instead, which adds the [DuplicateKeyReporter]
+// the MySQL dialect needs. For SQLite
 // open db with [SQLiteDSN]-style options (busy_timeout, _txlock=immediate):
 // see package inbox/sqlite.
 func SQL(db SQLBeginner, d Dialect) Driver[*sql.Tx] {

@@ -55,6 +55,9 @@ var (
 	// ErrInvalidGroup: an empty group name or one longer than
 	// MaxGroupLength bytes.
 	ErrInvalidGroup = errors.New("inbox: invalid consumer group")
+	// ErrNoDuplicateKeyReporter: a driver for the MySQL dialect that is not
+	// a [DuplicateKeyReporter] (use inbox/mysql's driver).
+	ErrNoDuplicateKeyReporter = errors.New("inbox: the MySQL dialect needs a driver that reports duplicate keys (inbox/mysql.Driver)")
 )
 
 // HandlerFunc is the business handler: it runs inside the inbox
@@ -70,6 +73,7 @@ type HandlerFunc[T any] func(ctx context.Context, tx T, d *idemq.Delivery) error
 // the handler's effect. Create it with [New].
 type Inbox[T any] struct {
 	drv Driver[T]
+	dup DuplicateKeyReporter // when st.dupIsError
 	cfg Config
 	st  statements
 	log *slog.Logger
@@ -116,6 +120,13 @@ func New[T any](ctx context.Context, drv Driver[T], cfg Config) (*Inbox[T], erro
 		return nil, err
 	}
 	ib := &Inbox[T]{drv: drv, cfg: cfg, st: st, log: cfg.Logger.With("inbox", cfg.Table)}
+	if st.dupIsError {
+		dk, ok := drv.(DuplicateKeyReporter)
+		if !ok {
+			return nil, ErrNoDuplicateKeyReporter
+		}
+		ib.dup = dk
+	}
 	if !cfg.SkipMigrate {
 		if err := ib.Migrate(ctx); err != nil {
 			return nil, err
@@ -181,12 +192,23 @@ func (ib *Inbox[T]) key(d *idemq.Delivery) (group, id string, err error) {
 }
 
 // insert writes the inbox row in tx; false means it was already there.
+// Only a duplicate key means that: any other refusal of the row (a value
+// too long for a user-managed column, a CHECK constraint, ...) is an error.
 func (ib *Inbox[T]) insert(ctx context.Context, tx T, group, id string) (bool, error) {
 	n, err := ib.drv.Exec(ctx, tx, ib.st.insert, group, id, ib.drv.Dialect().timeArg(ib.cfg.Now()))
 	if err != nil {
+		if ib.isDuplicate(err) {
+			return false, nil
+		}
 		return false, fmt.Errorf("inbox: insert row: %w", err)
 	}
 	return n > 0, nil
+}
+
+// isDuplicate reports whether err is an insert failing on an existing row
+// (dialects whose insert does not skip it).
+func (ib *Inbox[T]) isDuplicate(err error) bool {
+	return ib.st.dupIsError && ib.dup.IsDuplicateKey(err)
 }
 
 // Handler returns the innermost idemq handler: per delivery it begins a

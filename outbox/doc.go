@@ -51,19 +51,32 @@
 // # Ordering
 //
 // With RelayConfig.Ordered, a row that has an ordering key is claimable only
-// when no earlier (smaller id) pending row has the same key, so the messages of
-// one key are published one at a time, in id order; rows without a key are not
-// held back. Ids are assigned at insert, so when two transactions add
-// messages for one key concurrently, the order is insert order among
-// committed rows: serialise writers of one key (they usually lock the
-// aggregate row anyway) for strict commit order. A row marked failed no longer
-// blocks its key.
+// when no earlier (smaller id) row of the same key is pending or failed, so
+// the messages of one key are published one at a time, in id order; rows
+// without a key are not held back. Ids are assigned at insert, so when two
+// transactions add messages for one key concurrently, the order is insert
+// order among committed rows: serialise writers of one key (they usually
+// lock the aggregate row anyway) for strict commit order.
+//
+// A failed row blocks its key: publishing its successors would silently
+// break the key's order, so they wait for an operator ([FailedRows], the
+// CLI's `idemq relay retry-failed ID` and `idemq relay skip-failed ID`).
+// Retrying makes the row pending again with fresh attempts (fix the cause
+// first: bind the queue, say); it is published, then its successors.
+// Skipping releases the key: the row stays failed and unpublished, its
+// last_error records the skip and the key, and the successors go out. The
+// relay logs each blocking row (level ERROR, with the number of rows
+// waiting) and reports the rows held back (GaugeBlocked, Relay.Blocked).
+// Other keys are never held back. Failed rows left by a relay older than
+// this rule block their key once an ordered relay runs: list them with
+// [FailedRows.Blocked] and skip those whose order no longer matters.
 //
 // # Failures
 //
 // An unroutable message (the broker returned it: no queue bound) is marked
 // failed at once with the reason. Any other publish error releases the row
 // with a delay (RetryBackoff) and last_error set; after MaxAttempts it is marked
-// failed. Failed rows never block other rows (beyond their own ordering key
-// while still pending). Sent rows are purged after Retention, in batches.
+// failed. A failed row holds back nothing but the later rows of its own
+// ordering key, and those only with Ordered. Sent rows are purged after
+// Retention, in batches; failed rows are kept.
 package outbox

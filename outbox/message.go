@@ -52,6 +52,9 @@ var (
 	// ErrInvalidTable: a table name that is not a plain (optionally
 	// schema-qualified) identifier.
 	ErrInvalidTable = errors.New("outbox: invalid table name")
+	// ErrNotFailed: an operator action on a row that does not exist or is
+	// not failed.
+	ErrNotFailed = errors.New("outbox: no such failed row")
 )
 
 // Execer is what Add needs from the caller's transaction. *sql.Tx satisfies
@@ -112,6 +115,33 @@ type Store interface {
 	Count(ctx context.Context) (map[State]int64, error)
 	// Table is the table name.
 	Table() string
+}
+
+// FailedRows is what an operator does about failed rows; the SQL stores
+// implement it. With [RelayConfig.Ordered], a failed row holds back the
+// later rows of its ordering key until it is retried or skipped.
+type FailedRows interface {
+	// Blocked lists the failed rows that hold back pending rows of their
+	// ordering key, in id order.
+	Blocked(ctx context.Context) ([]BlockedRow, error)
+	// RetryFailed makes failed row id pending again with its attempts
+	// reset: the relay publishes it, then the rows it held back.
+	// [ErrNotFailed] when the row does not exist or is not failed.
+	RetryFailed(ctx context.Context, id int64) error
+	// SkipFailed releases the ordering key of failed row id: the row stays
+	// failed and unpublished (its last_error records the skip and the
+	// key), and the later rows of the key are published without it.
+	// [ErrNotFailed] when the row does not exist or is not failed.
+	SkipFailed(ctx context.Context, id int64) error
+}
+
+// BlockedRow is a failed row holding back rows of its ordering key.
+type BlockedRow struct {
+	FailedID    int64  // the failed row's id
+	MessageID   string // its message ID
+	OrderingKey string
+	LastError   string
+	Waiting     int64 // pending rows of the key after it
 }
 
 // Waker is implemented by stores that can signal new committed rows (the

@@ -26,6 +26,9 @@ const (
 	CountRelayErrors    = "outbox_store_errors"
 	GaugeLagMillis      = "outbox_lag_ms"  // age of the oldest pending row
 	GaugePending        = "outbox_pending" // pending rows
+	// GaugeBlocked: pending rows held back by a failed row of their
+	// ordering key (Ordered relays; see [FailedRows]).
+	GaugeBlocked = "outbox_blocked"
 )
 
 // Publisher is what the relay needs from an [idemq.Publisher].
@@ -78,7 +81,12 @@ type RelayConfig struct {
 	// DisableNotify polls even when the store can wake the relay.
 	DisableNotify bool
 	// Ordered publishes the messages of one ordering key one at a time, in
-	// id order.
+	// id order. A row of a key that fails for good (unroutable, out of
+	// attempts) holds back the key's later rows — publishing them would
+	// break the key's order — until an operator retries or skips it
+	// ([FailedRows]; `idemq relay retry-failed|skip-failed`). The relay
+	// logs each blocking row and reports the held-back rows
+	// ([GaugeBlocked], [Relay.Blocked]) every StatsInterval.
 	Ordered bool
 	// MaxAttempts bounds the claims of one row; a row still failing after
 	// it is marked failed. Default 10.
@@ -113,10 +121,11 @@ type Relay struct {
 	rec  idemq.Recorder
 	wake chan struct{}
 
-	lagMS, pending atomic.Int64
-	gaugeMu        sync.Mutex
-	lastLag        int64
-	lastPending    int64
+	lagMS, pending, blocked atomic.Int64
+	gaugeMu                 sync.Mutex
+	lastLag                 int64
+	lastPending             int64
+	lastBlocked             int64
 }
 
 type nopRecorder struct{}
@@ -191,6 +200,10 @@ func (r *Relay) Lag() time.Duration { return time.Duration(r.lagMS.Load()) * tim
 
 // Pending is the number of pending rows at the last refresh.
 func (r *Relay) Pending() int64 { return r.pending.Load() }
+
+// Blocked is, for an Ordered relay, the number of pending rows held back by
+// a failed row of their ordering key at the last refresh.
+func (r *Relay) Blocked() int64 { return r.blocked.Load() }
 
 // Wake makes an idle relay look for rows at once.
 func (r *Relay) Wake() {
@@ -379,7 +392,12 @@ func (r *Relay) failed(ctx context.Context, row Row, err error) {
 		reason = fmt.Sprintf("max-attempts: %d attempts, last error: %v", row.Attempts, err)
 	}
 	if reason != "" {
-		r.log.Warn("outbox relay: row failed", "row", row.ID, "message_id", row.Message.ID, "reason", reason)
+		if r.cfg.Ordered && row.Message.OrderingKey != "" {
+			r.log.Error("outbox relay: row failed; the later rows of its ordering key are held back until an operator retries or skips it",
+				"row", row.ID, "message_id", row.Message.ID, "ordering_key", row.Message.OrderingKey, "reason", reason)
+		} else {
+			r.log.Warn("outbox relay: row failed", "row", row.ID, "message_id", row.Message.ID, "reason", reason)
+		}
 		r.settle(ctx, "mark failed", func(c context.Context) error { return r.cfg.Store.Fail(c, r.cfg.Owner, row.ID, reason) })
 		r.rec.Add(CountRelayFailed, 1)
 		return
@@ -441,19 +459,68 @@ func (r *Relay) purgeLoop(ctx context.Context) {
 func (r *Relay) statsLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
+	fr, _ := r.cfg.Store.(FailedRows)
+	if !r.cfg.Ordered {
+		fr = nil
+	}
+	logged := map[int64]bool{} // blocking rows already logged
 	for {
 		if st, err := r.cfg.Store.Stats(ctx); err == nil {
 			r.setGauges(st)
 		} else if ctx.Err() == nil {
 			r.log.Debug("outbox relay: stats failed", "err", err)
 		}
+		if fr != nil {
+			if bl, err := fr.Blocked(ctx); err == nil {
+				r.setBlocked(r.blockedRows(bl, logged))
+			} else if ctx.Err() == nil {
+				r.log.Debug("outbox relay: listing blocked rows failed", "err", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			r.setGauges(Stats{}) // this relay no longer reports a backlog
+			r.setBlocked(0)
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// blockedRows returns the pending rows held back by the failed rows bl
+// (those behind the earliest failed row of each key), logs each blocking
+// row once while it blocks, and logs when it no longer does.
+func (r *Relay) blockedRows(bl []BlockedRow, logged map[int64]bool) int64 {
+	var n int64
+	keys := map[string]bool{}
+	now := map[int64]bool{}
+	for _, b := range bl { // id order: the first of a key holds back all the others
+		now[b.FailedID] = true
+		if !keys[b.OrderingKey] {
+			keys[b.OrderingKey] = true
+			n += b.Waiting
+		}
+		if !logged[b.FailedID] {
+			logged[b.FailedID] = true
+			r.log.Error("outbox relay: ordering key blocked by failed row; retry or skip it (idemq relay retry-failed|skip-failed)",
+				"failed_row", b.FailedID, "message_id", b.MessageID, "ordering_key", b.OrderingKey, "waiting", b.Waiting, "last_error", b.LastError)
+		}
+	}
+	for id := range logged {
+		if !now[id] {
+			delete(logged, id)
+			r.log.Info("outbox relay: failed row no longer blocks its ordering key", "failed_row", id)
+		}
+	}
+	return n
+}
+
+func (r *Relay) setBlocked(n int64) {
+	r.blocked.Store(n)
+	r.gaugeMu.Lock()
+	defer r.gaugeMu.Unlock()
+	r.rec.Add(GaugeBlocked, n-r.lastBlocked)
+	r.lastBlocked = n
 }
 
 func (r *Relay) setGauges(st Stats) {

@@ -179,7 +179,11 @@ func (s *SQLStore) claimWhere(ordered bool) string {
 	now := s.Dialect.Now
 	w := fmt.Sprintf("c.state = 'pending' AND c.available_at <= %s AND (c.locked_until IS NULL OR c.locked_until < %s)", now, now)
 	if ordered {
-		w += fmt.Sprintf(" AND (c.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM %s p WHERE p.ordering_key = c.ordering_key AND p.state = 'pending' AND p.id < c.id))", s.table)
+		// An earlier pending row of the key, or an earlier failed one (an
+		// operator retries or skips it: see [FailedRows]), holds c back.
+		// Two NOT EXISTS, one per state, so each can use a partial index.
+		w += fmt.Sprintf(" AND (c.ordering_key IS NULL OR (NOT EXISTS (SELECT 1 FROM %[1]s p WHERE p.ordering_key = c.ordering_key AND p.state = 'pending' AND p.id < c.id)"+
+			" AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.ordering_key = c.ordering_key AND f.state = 'failed' AND f.id < c.id)))", s.table)
 	}
 	return w
 }
@@ -396,18 +400,88 @@ func (s *SQLStore) Count(ctx context.Context) (map[State]int64, error) {
 	return out, rows.Err()
 }
 
+var _ FailedRows = (*SQLStore)(nil)
+
+// Blocked implements [FailedRows].
+func (s *SQLStore) Blocked(ctx context.Context) ([]BlockedRow, error) {
+	q := fmt.Sprintf("SELECT f.id, f.message_id, f.ordering_key, COALESCE(f.last_error, ''), COUNT(p.id) FROM %[1]s f"+
+		" JOIN %[1]s p ON p.ordering_key = f.ordering_key AND p.state = 'pending' AND p.id > f.id"+
+		" WHERE f.state = 'failed' AND f.ordering_key IS NOT NULL"+
+		" GROUP BY f.id, f.message_id, f.ordering_key, f.last_error ORDER BY f.id", s.table)
+	rows, err := s.DB.QueryContext(ctx, q)
+	if err != nil {
+		return nil, s.errf("list blocked in", err)
+	}
+	defer rows.Close()
+	var out []BlockedRow
+	for rows.Next() {
+		var b BlockedRow
+		if err := rows.Scan(&b.FailedID, &b.MessageID, &b.OrderingKey, &b.LastError, &b.Waiting); err != nil {
+			return nil, s.errf("list blocked in", err)
+		}
+		out = append(out, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.errf("list blocked in", err)
+	}
+	return out, nil
+}
+
+// RetryFailed implements [FailedRows].
+func (s *SQLStore) RetryFailed(ctx context.Context, id int64) error {
+	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'pending', attempts = 0, owner = NULL, locked_until = NULL, available_at = %s WHERE id = ? AND state = 'failed'",
+		s.table, s.Dialect.Now))
+	res, err := s.DB.ExecContext(ctx, q, id)
+	if err != nil {
+		return s.errf("retry failed row in", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return s.errf("retry failed row in", err)
+	} else if n == 0 {
+		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.table)
+	}
+	return nil
+}
+
+// SkipFailed implements [FailedRows].
+func (s *SQLStore) SkipFailed(ctx context.Context, id int64) error {
+	var key, lastErr sql.NullString
+	q := s.rebind(fmt.Sprintf("SELECT ordering_key, last_error FROM %s WHERE id = ? AND state = 'failed'", s.table))
+	if err := s.DB.QueryRowContext(ctx, q, id).Scan(&key, &lastErr); errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.table)
+	} else if err != nil {
+		return s.errf("skip failed row in", err)
+	}
+	if !key.Valid {
+		return nil // holds nothing back
+	}
+	note := truncate(fmt.Sprintf("skipped by an operator, ordering key %q released; %s", key.String, lastErr.String), 2000)
+	u := s.rebind(fmt.Sprintf("UPDATE %s SET ordering_key = NULL, last_error = ? WHERE id = ? AND state = 'failed' AND ordering_key = ?", s.table))
+	res, err := s.DB.ExecContext(ctx, u, note, id, key.String)
+	if err != nil {
+		return s.errf("skip failed row in", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return s.errf("skip failed row in", err)
+	} else if n == 0 {
+		return fmt.Errorf("%w: id %d in %s (changed meanwhile)", ErrNotFailed, id, s.table)
+	}
+	return nil
+}
+
 // RowInfo is one row's bookkeeping, for tests and tools.
 type RowInfo struct {
-	ID        int64
-	MessageID string
-	State     State
-	Attempts  int
-	LastError string
+	ID          int64
+	MessageID   string
+	OrderingKey string
+	State       State
+	Attempts    int
+	LastError   string
 }
 
 // Rows lists every row's bookkeeping in id order (for tests and tools).
 func (s *SQLStore) Rows(ctx context.Context) ([]RowInfo, error) {
-	rows, err := s.DB.QueryContext(ctx, fmt.Sprintf("SELECT id, message_id, state, attempts, COALESCE(last_error, '') FROM %s ORDER BY id", s.table))
+	rows, err := s.DB.QueryContext(ctx, fmt.Sprintf("SELECT id, message_id, COALESCE(ordering_key, ''), state, attempts, COALESCE(last_error, '') FROM %s ORDER BY id", s.table))
 	if err != nil {
 		return nil, s.errf("list", err)
 	}
@@ -416,7 +490,7 @@ func (s *SQLStore) Rows(ctx context.Context) ([]RowInfo, error) {
 	for rows.Next() {
 		var r RowInfo
 		var st string
-		if err := rows.Scan(&r.ID, &r.MessageID, &st, &r.Attempts, &r.LastError); err != nil {
+		if err := rows.Scan(&r.ID, &r.MessageID, &r.OrderingKey, &st, &r.Attempts, &r.LastError); err != nil {
 			return nil, s.errf("list", err)
 		}
 		r.State = State(st)

@@ -83,6 +83,7 @@ go-sql-driver DSN. Without --db: IDEMQ_OUTBOX_DB_URL, else IDEMQ_MYSQL_URL for
 	fl.DurationVar(&f.logInterval, "log-interval", time.Minute, "interval between counter log lines (0: only at exit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "json", "json or text")
+	cmd.AddCommand(newRelayFailedCmds()...)
 	return cmd
 }
 

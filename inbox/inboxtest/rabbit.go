@@ -236,7 +236,7 @@ func HelperProcess[T any](t *testing.T, h Harness[T]) {
 		return // only the kill test runs it, as a child process
 	}
 	db := h.Open(t, os.Getenv(envDSN))
-	ib := newInbox(t, killAfterCommit[T]{db.Driver}, inbox.Config{SkipMigrate: true}) // the parent migrated
+	ib := newInbox(t, killAfterCommit[T]{wrapped[T]{db.Driver}}, inbox.Config{SkipMigrate: true}) // the parent migrated
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: testenv.AMQPURL(), Queue: os.Getenv(envQueue), Group: group, Workers: 1, Prefetch: 1, Logger: quiet},
 		ib.Handler(effect(db.Driver)))
 	if err != nil {
@@ -249,7 +249,7 @@ func HelperProcess[T any](t *testing.T, h Harness[T]) {
 }
 
 // killAfterCommit commits, then kills the process before anyone can ack.
-type killAfterCommit[T any] struct{ inbox.Driver[T] }
+type killAfterCommit[T any] struct{ wrapped[T] }
 
 func (k killAfterCommit[T]) Commit(ctx context.Context, tx T) error {
 	if err := k.Driver.Commit(ctx, tx); err != nil {
@@ -300,7 +300,7 @@ func testKilled[T any](t *testing.T, h Harness[T]) {
 
 // countBegins counts the transactions opened.
 type countBegins[T any] struct {
-	inbox.Driver[T]
+	wrapped[T]
 	n *atomic.Int64
 }
 
@@ -318,7 +318,7 @@ func testFastPath[T any](t *testing.T, h Harness[T]) {
 	e.accounts(list...)
 	newInbox(t, e.db.Driver, inbox.Config{})
 	var begins atomic.Int64
-	ib := newInbox(t, countBegins[T]{e.db.Driver, &begins}, inbox.Config{SkipMigrate: true})
+	ib := newInbox(t, countBegins[T]{wrapped[T]{e.db.Driver}, &begins}, inbox.Config{SkipMigrate: true})
 	q := testenv.Queue(t, nil)
 	run := func(store dedup.Store, msgs []string, want int64) *idemq.Counters {
 		t.Helper()

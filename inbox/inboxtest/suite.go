@@ -30,6 +30,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("Schema", func(t *testing.T) { testSchema(t, h) })
 	t.Run("Handler", func(t *testing.T) { testHandler(t, h) })
 	t.Run("RejectsBadIDs", func(t *testing.T) { testBadIDs(t, h) })
+	t.Run("RowRefusedIsNotDuplicate", func(t *testing.T) { testRowRefused(t, h) })
 	t.Run("ConcurrentSameIDCommit", func(t *testing.T) { testConcurrent(t, h, true) })
 	t.Run("ConcurrentSameIDRollback", func(t *testing.T) { testConcurrent(t, h, false) })
 	t.Run("Purge", func(t *testing.T) { testPurge(t, h) })
@@ -335,6 +336,92 @@ func testBadIDs[T any](t *testing.T, h Harness[T]) {
 	}
 }
 
+// RefusedID is the message ID the CHECK constraint of
+// [testRowRefused]'s inbox table refuses.
+const RefusedID = "refused-by-check"
+
+// testRowRefused: an inbox row the database refuses for any reason other
+// than a duplicate key (here a CHECK constraint on a user-managed table;
+// on MySQL also truncation or charset conversion, see inbox/mysql) is an
+// error for that delivery, which goes to the failure policy. It is never
+// taken for a duplicate and acked without running (MySQL's INSERT IGNORE
+// turned such errors into "0 rows inserted"), in the single handler and in
+// both paths of the batch inbox; the other deliveries of the batch commit.
+func testRowRefused[T any](t *testing.T, h Harness[T]) {
+	e := setup(t, h)
+	e.accounts(RefusedID, "ok-1", "ok-2", "ok-3")
+	const table = "chk_inbox"
+	cfg := inbox.Config{Table: table}
+	switch e.db.Driver.Dialect() {
+	case inbox.SQLite: // no ALTER TABLE ... ADD CONSTRAINT: create it whole
+		e.exec(`CREATE TABLE chk_inbox (
+	group_name  TEXT    NOT NULL,
+	message_id  TEXT    NOT NULL,
+	received_at INTEGER NOT NULL,
+	PRIMARY KEY (group_name, message_id),
+	CHECK (message_id <> '` + RefusedID + `'))`)
+		cfg.SkipMigrate = true
+	default:
+		newInbox(t, e.db.Driver, cfg)
+		e.exec("ALTER TABLE " + table + " ADD CONSTRAINT chk_inbox_refuse CHECK (message_id <> '" + RefusedID + "')")
+		cfg.SkipMigrate = true
+	}
+	ib := newInbox(t, e.db.Driver, cfg)
+	var rec idemq.Counters
+	ctx := idemq.WithRecorder(ctxT(t), &rec)
+	var mu sync.Mutex
+	ran := map[string]int{}
+	hf := func(ctx context.Context, tx T, d *idemq.Delivery) error {
+		mu.Lock()
+		ran[d.MessageID]++
+		mu.Unlock()
+		return effect(e.db.Driver)(ctx, tx, d)
+	}
+
+	// The single handler.
+	if err := ib.Handler(hf).Handle(ctx, delivery(RefusedID)); err == nil {
+		t.Errorf("single: a delivery whose inbox row the database refused returned nil (acked; handler ran %d times), want an error", ran[RefusedID])
+	}
+	if err := ib.Handler(hf).Handle(ctx, delivery("ok-1")); err != nil {
+		t.Fatalf("single ok-1: %v", err)
+	}
+	if d := rec.Get(idemq.CountDuplicates); d != 0 {
+		t.Errorf("single: duplicates=%d, want 0 (a refused row is not a duplicate)", d)
+	}
+
+	// The batch inbox: the refused row, a committed ID, a fresh ID and a
+	// copy of it. The fast path cannot insert them all; the savepoint path
+	// must fail the refused delivery alone.
+	b := ib.Batch(hf, inbox.BatchConfig{Size: 5, MaxWait: time.Minute})
+	ds := []*idemq.Delivery{delivery("ok-2"), delivery(RefusedID), delivery("ok-1"), delivery("ok-3"), delivery("ok-2")}
+	errs := handleAll(ctx, b, ds...)
+	for i, d := range ds {
+		if d.MessageID == RefusedID {
+			if errs[i] == nil {
+				t.Errorf("batch: a delivery whose inbox row the database refused returned nil (acked), want an error")
+			}
+			continue
+		}
+		if errs[i] != nil {
+			t.Errorf("batch %s: %v", d.MessageID, errs[i])
+		}
+	}
+	// A batch of the refused row alone (the fast path's single insert).
+	b1 := ib.Batch(hf, inbox.BatchConfig{Size: 1, MaxWait: time.Minute})
+	if err := b1.Handle(ctx, delivery(RefusedID)); err == nil {
+		t.Errorf("batch of one: a delivery whose inbox row the database refused returned nil (acked), want an error")
+	}
+	e.wantBalances(0, RefusedID)
+	e.wantBalances(Amount, "ok-1", "ok-2", "ok-3")
+	// Duplicates: ok-1 (committed before the batch) and ok-2's copy.
+	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); p != 3 || d != 2 {
+		t.Errorf("processed=%d duplicates=%d, want 3 and 2 (the refused row counted as neither)", p, d)
+	}
+	if n := e.inboxRows(table); n != 3 {
+		t.Errorf("%d inbox rows, want 3", n)
+	}
+}
+
 // testConcurrent: two deliveries of one ID at the same time. The second
 // blocks on the first's uncommitted row; it is a duplicate only once the
 // first commits, and runs if the first rolls back.
@@ -525,8 +612,19 @@ func testBatch[T any](t *testing.T, h Harness[T]) {
 	e.wantBalances(Amount, "b-x", "b-y")
 }
 
+// wrapped is the base of the suite's fault-injecting drivers: it embeds the
+// driver under test and forwards its duplicate-key check (which the MySQL
+// dialect requires; an embedded interface would hide it).
+type wrapped[T any] struct{ inbox.Driver[T] }
+
+// IsDuplicateKey implements [inbox.DuplicateKeyReporter].
+func (w wrapped[T]) IsDuplicateKey(err error) bool {
+	dk, ok := w.Driver.(inbox.DuplicateKeyReporter)
+	return ok && dk.IsDuplicateKey(err)
+}
+
 // failCommit rolls back instead of committing and says so.
-type failCommit[T any] struct{ inbox.Driver[T] }
+type failCommit[T any] struct{ wrapped[T] }
 
 var errCommit = errors.New("injected commit failure")
 
@@ -538,7 +636,7 @@ func (f failCommit[T]) Commit(ctx context.Context, tx T) error {
 func testBatchCommitFails[T any](t *testing.T, h Harness[T]) {
 	e := setup(t, h)
 	newInbox(t, e.db.Driver, inbox.Config{}) // migrate with the real driver
-	ib := newInbox(t, failCommit[T]{e.db.Driver}, inbox.Config{SkipMigrate: true})
+	ib := newInbox(t, failCommit[T]{wrapped[T]{e.db.Driver}}, inbox.Config{SkipMigrate: true})
 	list := ids("f", 3)
 	e.accounts(list...)
 	b := ib.Batch(effect(e.db.Driver), inbox.BatchConfig{Size: 3, MaxWait: time.Minute})

@@ -1,11 +1,17 @@
 package mysql_test
 
 import (
+	"context"
 	"database/sql"
+	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	_ "github.com/go-sql-driver/mysql"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/inbox/inboxtest"
 	"github.com/idemq/idemq/inbox/mysql"
 	"github.com/idemq/idemq/internal/testenv"
@@ -36,3 +42,132 @@ func TestInbox(t *testing.T) { inboxtest.Run(t, harness()) }
 
 // TestHelperInboxProcess is the child process of the kill test.
 func TestHelperInboxProcess(t *testing.T) { inboxtest.HelperProcess(t, harness()) }
+
+func openDB(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// TestRefusedRowIsNotDuplicate: an inbox row that MySQL/MariaDB cannot
+// store as given — an ID longer than a user-managed table's column, a
+// 4-byte UTF-8 character in a utf8mb3 column — is an error for that
+// delivery, never a duplicate. INSERT IGNORE turned both into a warning and
+// stored a truncated or '?'-substituted key, so two distinct IDs sharing it
+// collapsed: the second was acked as a duplicate without running. Each case
+// runs through the single handler and through a batch (fast path and
+// savepoint path). The session has MariaDB's default, strict, sql_mode.
+func TestRefusedRowIsNotDuplicate(t *testing.T) {
+	for _, tc := range []struct {
+		name, column string
+		ids          [2]string // distinct IDs the column cannot tell apart
+	}{
+		{"id longer than the column", "VARBINARY(16)", [2]string{"0123456789abcdef-A", "0123456789abcdef-B"}},
+		{"4-byte UTF-8 in a utf8mb3 column", "VARCHAR(64) CHARACTER SET utf8mb3 COLLATE utf8mb3_bin", [2]string{"order-\U0001F600", "order-\U0001F601"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := openDB(t, testenv.MySQLDB(t))
+			ctx := context.Background()
+			if _, err := db.ExecContext(ctx, `CREATE TABLE narrow_inbox (
+	group_name  VARBINARY(255) NOT NULL,
+	message_id  `+tc.column+` NOT NULL,
+	received_at DATETIME(6) NOT NULL,
+	PRIMARY KEY (group_name, message_id)) ENGINE=InnoDB`); err != nil {
+				t.Fatal(err)
+			}
+			ib, err := mysql.New(ctx, db, inbox.Config{Table: "narrow_inbox", SkipMigrate: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			ran := map[string]int{}
+			h := func(_ context.Context, _ *sql.Tx, d *idemq.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				ran[d.MessageID]++
+				return nil
+			}
+			check := func(path string, id string, err error) {
+				t.Helper()
+				mu.Lock()
+				n := ran[id]
+				mu.Unlock()
+				if err == nil && n == 0 {
+					t.Errorf("%s: delivery %q acked as a duplicate without running", path, id)
+				} else if err == nil {
+					t.Errorf("%s: delivery %q ran with a mangled inbox key (strict sql_mode: want an error)", path, id)
+				}
+			}
+			var rec idemq.Counters
+			rctx := idemq.WithRecorder(ctx, &rec)
+			for _, id := range tc.ids {
+				check("single", id, ib.Handler(h).Handle(rctx, &idemq.Delivery{MessageID: id, Group: "g"}))
+			}
+			b := ib.Batch(h, inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
+			ds := []*idemq.Delivery{{MessageID: tc.ids[0], Group: "g"}, {MessageID: "fine", Group: "g"}, {MessageID: tc.ids[1], Group: "g"}}
+			errs := make([]error, len(ds))
+			var wg sync.WaitGroup
+			for i, d := range ds {
+				wg.Go(func() { errs[i] = b.Handle(rctx, d) })
+			}
+			wg.Wait()
+			check("batch", tc.ids[0], errs[0])
+			check("batch", tc.ids[1], errs[2])
+			if errs[1] != nil || ran["fine"] != 1 {
+				t.Errorf("batch: the storable delivery: err=%v ran=%d, want nil and 1", errs[1], ran["fine"])
+			}
+			if d := rec.Get(idemq.CountDuplicates); d != 0 {
+				t.Errorf("duplicates=%d, want 0", d)
+			}
+		})
+	}
+}
+
+// TestClientFoundRows: the inbox's duplicate detection does not depend on
+// the DSN's clientFoundRows (with it, an unchanged ON DUPLICATE KEY UPDATE
+// row counts as affected, and a duplicate would look fresh).
+func TestClientFoundRows(t *testing.T) {
+	db := openDB(t, testenv.MySQLDB(t)+"&clientFoundRows=true")
+	ctx := context.Background()
+	ib, err := mysql.New(ctx, db, inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	ran := 0
+	h := func(context.Context, *sql.Tx, *idemq.Delivery) error { mu.Lock(); ran++; mu.Unlock(); return nil }
+	var rec idemq.Counters
+	rctx := idemq.WithRecorder(ctx, &rec)
+	for range 2 {
+		if err := ib.Handler(h).Handle(rctx, &idemq.Delivery{MessageID: "m", Group: "g"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := ib.Batch(h, inbox.BatchConfig{Size: 2, MaxWait: time.Minute})
+	var wg sync.WaitGroup
+	for _, id := range []string{"m", "n"} {
+		wg.Go(func() {
+			if err := b.Handle(rctx, &idemq.Delivery{MessageID: id, Group: "g"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); ran != 2 || p != 2 || d != 2 {
+		t.Fatalf("ran=%d processed=%d duplicates=%d, want 2, 2, 2", ran, p, d)
+	}
+}
+
+// TestNeedsDuplicateKeyReporter: a MySQL driver that cannot tell a
+// duplicate key from another failure is refused.
+func TestNeedsDuplicateKeyReporter(t *testing.T) {
+	db := openDB(t, testenv.MySQLDB(t))
+	_, err := inbox.New(context.Background(), inbox.SQL(db, inbox.MySQL), inbox.Config{})
+	if !errors.Is(err, inbox.ErrNoDuplicateKeyReporter) {
+		t.Fatalf("inbox.New with a bare database/sql MySQL driver: %v, want ErrNoDuplicateKeyReporter", err)
+	}
+}

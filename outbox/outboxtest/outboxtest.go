@@ -83,6 +83,7 @@ func Run(t *testing.T, s Suite) {
 		{"ThreeRelaysShareTheWork", threeRelays, true},
 		{"OrderingPerKey", orderingPerKey, false},
 		{"UnroutableAndFailingRowsDoNotBlock", unroutable, false},
+		{"OrderedFailedRowBlocksItsKey", orderedFailedBlocks, false},
 		{"SentRowsArePurged", purged, false},
 		{"LagIsReported", lagReported, false},
 		{"ShutdownDrainsTheBatch", shutdownDrains, false},
@@ -686,6 +687,147 @@ func unroutable(t *testing.T, s Suite) {
 	if got := rec.Get(outbox.CountRelayFailed); got != 2 {
 		t.Errorf("failed counter = %d, want 2", got)
 	}
+}
+
+// orderedFailedBlocks: with Ordered, a row that failed for good (here
+// unroutable) holds back the later rows of its ordering key — publishing
+// them would silently break the key's order — until an operator retries
+// the failed row (it publishes, then its successors) or skips it (its
+// successors publish, it stays failed and unpublished). Other keys and
+// unkeyed rows are not held back, and the relay reports what is blocked.
+func orderedFailedBlocks(t *testing.T, s Suite) {
+	e := setup(t, s)
+	c := e.consume()
+	keyed := func(id, key string, routable bool) outbox.Message {
+		m := e.msg(id)
+		m.OrderingKey = key
+		if !routable {
+			m.RoutingKey = "later-" + e.queue // no such queue yet: unroutable
+		}
+		return m
+	}
+	e.add(keyed("K-1", "K", false), keyed("J-1", "J", false))
+	e.add(keyed("K-2", "K", true), keyed("J-2", "J", true), keyed("L-1", "L", true), e.msg("free-1"))
+	e.add(keyed("K-3", "K", true), keyed("L-2", "L", true))
+	var rec idemq.Counters
+	r, _ := e.relay(func(cfg *outbox.RelayConfig) {
+		cfg.Ordered = true
+		cfg.Recorder = &rec
+		cfg.StatsInterval = 50 * time.Millisecond
+	})
+	testenv.Eventually(t, 30*time.Second, "other keys and unkeyed rows consumed", func() bool {
+		return c.hasAll([]string{"L-1", "L-2", "free-1"})
+	})
+	e.waitState(outbox.StateFailed, 2, 30*time.Second)
+	// A row committed after the failures is claimed (in id order) by a
+	// claim that would also take K-2 and J-2 were they claimable: once it
+	// is sent, they were not.
+	e.add(e.msg("marker"))
+	testenv.Eventually(t, 30*time.Second, "the marker row sent", func() bool { return rowState(t, e.store, "marker") == outbox.StateSent })
+	for _, id := range []string{"K-2", "K-3", "J-2"} {
+		if st := rowState(t, e.store, id); st != outbox.StatePending || c.count(id) != 0 {
+			t.Fatalf("%s is %s and was consumed %d times while its predecessor of the same ordering key is failed: per-key order broken", id, st, c.count(id))
+		}
+	}
+	// The relay reports the held-back rows: K-2, K-3 and J-2.
+	testenv.Eventually(t, 30*time.Second, "the relay to report 3 blocked rows", func() bool {
+		return rec.Get(outbox.GaugeBlocked) == 3 && r.Blocked() == 3
+	})
+	ops, ok := e.store.(outbox.FailedRows)
+	if !ok {
+		t.Fatalf("store %T has no operator tools for failed rows (outbox.FailedRows)", e.store)
+	}
+	blocked, err := ops.Blocked(tctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(blocked) != 2 || blocked[0].MessageID != "K-1" || blocked[0].Waiting != 2 || blocked[1].MessageID != "J-1" || blocked[1].Waiting != 1 {
+		t.Fatalf("Blocked() = %+v, want K-1 holding 2 rows, J-1 holding 1", blocked)
+	}
+	kID, jID := blocked[0].FailedID, blocked[1].FailedID
+	if err := ops.RetryFailed(tctx(t), jID+1000); !errors.Is(err, outbox.ErrNotFailed) {
+		t.Fatalf("RetryFailed of a missing row: %v, want ErrNotFailed", err)
+	}
+
+	// Skip J-1: J-2 goes out, J-1 stays failed and unpublished.
+	if err := ops.SkipFailed(tctx(t), jID); err != nil {
+		t.Fatalf("SkipFailed: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, "J-2 consumed after J-1 was skipped", func() bool { return c.count("J-2") == 1 })
+	if st := rowState(t, e.store, "J-1"); st != outbox.StateFailed {
+		t.Fatalf("skipped row is %s, want still failed", st)
+	}
+	if err := ops.SkipFailed(tctx(t), e.rowID("J-2")); !errors.Is(err, outbox.ErrNotFailed) {
+		t.Fatalf("SkipFailed of a sent row: %v, want ErrNotFailed", err)
+	}
+	if st := rowState(t, e.store, "K-2"); st != outbox.StatePending {
+		t.Fatalf("K-2 is %s after J-1 was skipped, want still pending", st)
+	}
+
+	// Retry K-1 once its queue exists: K-1, K-2, K-3 go out in order.
+	ch := testenv.Channel(t)
+	later := "later-" + e.queue
+	if _, err := ch.QueueDeclare(later, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = testenv.Channel(t).QueueDelete(later, false, false, false) })
+	got := make(chan string, 10)
+	dels, err := ch.Consume(later, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for d := range dels {
+			got <- d.MessageId
+		}
+	}()
+	if err := ops.RetryFailed(tctx(t), kID); err != nil {
+		t.Fatalf("RetryFailed: %v", err)
+	}
+	testenv.Eventually(t, 30*time.Second, "K-1, K-2, K-3 sent after K-1 was retried", func() bool {
+		return rowState(t, e.store, "K-3") == outbox.StateSent
+	})
+	select {
+	case id := <-got:
+		if id != "K-1" {
+			t.Fatalf("retried row delivered as %q", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the retried row was not delivered")
+	}
+	testenv.Eventually(t, 30*time.Second, "K-2 and K-3 consumed", func() bool { return c.count("K-2") == 1 && c.count("K-3") == 1 })
+	var order []string
+	for _, d := range c.snapshot() {
+		if strings.HasPrefix(d.MessageId, "K-") {
+			order = append(order, d.MessageId)
+		}
+	}
+	if strings.Join(order, ",") != "K-2,K-3" {
+		t.Fatalf("key K delivered as %v, want K-2 then K-3", order)
+	}
+	testenv.Eventually(t, 30*time.Second, "the blocked gauge back to 0", func() bool { return rec.Get(outbox.GaugeBlocked) == 0 })
+}
+
+// rowState returns the state of the row with message ID id ("" if none).
+func rowState(t *testing.T, s outbox.Store, id string) outbox.State {
+	t.Helper()
+	for _, r := range rowInfo(t, s) {
+		if r.MessageID == id {
+			return r.State
+		}
+	}
+	return ""
+}
+
+func (e *env) rowID(id string) int64 {
+	e.t.Helper()
+	for _, r := range rowInfo(e.t, e.store) {
+		if r.MessageID == id {
+			return r.ID
+		}
+	}
+	e.t.Fatalf("no row %q", id)
+	return 0
 }
 
 func rowInfo(t *testing.T, s outbox.Store) []outbox.RowInfo {

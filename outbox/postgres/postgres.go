@@ -142,6 +142,8 @@ func migrate(ctx context.Context, db *sql.DB, table string) error {
 		`CREATE INDEX IF NOT EXISTS ` + indexName(table, "pending") + ` ON ` + table + ` (id) WHERE state = 'pending'`,
 		`CREATE INDEX IF NOT EXISTS ` + indexName(table, "key") + ` ON ` + table + ` (ordering_key, id) WHERE state = 'pending' AND ordering_key IS NOT NULL`,
 		`CREATE INDEX IF NOT EXISTS ` + indexName(table, "sent") + ` ON ` + table + ` (sent_at) WHERE state = 'sent'`,
+		// Failed rows hold back their ordering key (ordered claims).
+		`CREATE INDEX IF NOT EXISTS ` + indexName(table, "failed_key") + ` ON ` + table + ` (ordering_key, id) WHERE state = 'failed' AND ordering_key IS NOT NULL`,
 	}
 	for _, q := range stmts {
 		if _, err := tx.ExecContext(ctx, q); err != nil {

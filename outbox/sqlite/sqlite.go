@@ -107,6 +107,8 @@ func migrate(ctx context.Context, db *sql.DB, table string) error {
 		`CREATE INDEX IF NOT EXISTS ` + table + `_pending ON ` + table + ` (id) WHERE state = 'pending'`,
 		`CREATE INDEX IF NOT EXISTS ` + table + `_key ON ` + table + ` (ordering_key, id) WHERE state = 'pending' AND ordering_key IS NOT NULL`,
 		`CREATE INDEX IF NOT EXISTS ` + table + `_sent ON ` + table + ` (sent_at) WHERE state = 'sent'`,
+		// Failed rows hold back their ordering key (ordered claims).
+		`CREATE INDEX IF NOT EXISTS ` + table + `_failed_key ON ` + table + ` (ordering_key, id) WHERE state = 'failed' AND ordering_key IS NOT NULL`,
 	}
 	for _, q := range stmts {
 		if _, err := tx.ExecContext(ctx, q); err != nil {
