@@ -139,21 +139,27 @@ func TestConsumerTimeoutBoundsHandlers(t *testing.T) {
 	publishN(t, queue, 1, "ct")
 	var logs logBuffer
 	var runs atomic.Int64
-	var firstCut atomic.Int64 // ns from receipt to the cancellation
+	var firstDeadline atomic.Int64 // ns from receipt to the context's deadline
+	var firstCause atomic.Value
 	c, _ := runConsumer(t, idemq.ConsumerConfig{
 		Queue: queue, ConsumerTimeout: 2 * time.Second, ConsumerTimeoutMargin: 500 * time.Millisecond,
 		StuckHandlerAfter: -1, Logger: logs.logger(),
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		if runs.Add(1) == 1 {
+			dl, _ := ctx.Deadline()
+			firstDeadline.Store(int64(dl.Sub(d.ReceivedAt)))
 			<-ctx.Done()
-			firstCut.Store(int64(time.Since(d.ReceivedAt)))
+			firstCause.Store(context.Cause(ctx))
 			return ctx.Err()
 		}
 		return nil
 	}))
 	testenv.Eventually(t, 20*time.Second, "the redelivery acked", func() bool { return c.Counters().Get(idemq.CountAcked) == 1 })
-	if cut := time.Duration(firstCut.Load()); cut < 1400*time.Millisecond || cut >= 2*time.Second {
-		t.Fatalf("first run cancelled %v after receipt; want about 1.5s (timeout 2s - margin 0.5s)", cut)
+	if dl := time.Duration(firstDeadline.Load()); dl != 1500*time.Millisecond {
+		t.Fatalf("first run's deadline %v after receipt; want 1.5s (timeout 2s - margin 0.5s)", dl)
+	}
+	if err, _ := firstCause.Load().(error); !errors.Is(err, idemq.ErrHandlerTimeout) {
+		t.Fatalf("first run's context cause %v, want ErrHandlerTimeout", err)
 	}
 	if runs.Load() != 2 || c.Counters().Get(idemq.CountRejected) != 0 || c.Counters().Get(idemq.CountRequeued) != 1 {
 		t.Fatalf("runs %d rejected %d requeued %d; want 2, 0, 1", runs.Load(), c.Counters().Get(idemq.CountRejected), c.Counters().Get(idemq.CountRequeued))
