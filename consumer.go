@@ -66,6 +66,30 @@ type ConsumerConfig struct {
 	// ShutdownTimeout is how long in-flight handlers may run after the Run
 	// context is cancelled before their own context is cancelled. Default 30s.
 	ShutdownTimeout time.Duration
+	// HandlerTimeout bounds one run of the handler: its context gets a
+	// deadline (cause [ErrHandlerTimeout]), and a handler that fails after
+	// it is a failed attempt ([*HandlerTimeoutError]) for the failure
+	// policy — the dedup guard releases its claim, the inbox rolls back.
+	// Default 0: no limit of its own; the handler is still bounded below
+	// ConsumerTimeout (29 min with the defaults). See consumer_timeout.go.
+	HandlerTimeout time.Duration
+	// ConsumerTimeout is the broker's consumer_timeout for this queue (the
+	// broker closes the channel and redelivers when a delivery stays
+	// unacked that long). Handlers are bounded below it: the effective
+	// handler deadline is min(start+HandlerTimeout, receipt +
+	// ConsumerTimeout - ConsumerTimeoutMargin). Default
+	// [DefaultConsumerTimeout] (30 min, RabbitMQ's default); set it to the
+	// broker's value when lower; negative: the broker has none.
+	ConsumerTimeout time.Duration
+	// ConsumerTimeoutMargin is how long before ConsumerTimeout handlers are
+	// cancelled, leaving time to settle the delivery; a delivery that
+	// waited in the consumer until less than this is left is given back
+	// without running. Default ConsumerTimeout/10, at most 1 min.
+	ConsumerTimeoutMargin time.Duration
+	// StuckHandlerAfter logs a delivery still being handled after this
+	// long (message ID, age), again at every doubling, and counts it
+	// ([CountStuckHandlers]). Default 1 min; negative: never.
+	StuckHandlerAfter time.Duration
 	// Heartbeat for the AMQP connection. Default 10s.
 	Heartbeat time.Duration
 	// ConsumerTag; default "idemq-<group>-<random>".
@@ -89,6 +113,7 @@ type Consumer struct {
 	counters *Counters
 	rec      Recorder
 	log      *slog.Logger
+	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
 
 	mu      sync.Mutex
 	running bool
@@ -122,6 +147,9 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
 	}
+	if err := timeoutDefaults(&cfg); err != nil {
+		return nil, err
+	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = 10 * time.Second
 	}
@@ -144,7 +172,10 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 			c.counters = cc
 		}
 	}
-	c.handler = Chain(h, append([]Middleware{Recover()}, cfg.Middleware...)...)
+	c.watch = newWatchdog(c)
+	// The handler's deadline is innermost: the middlewares keep a live
+	// context to release, roll back and republish after a timeout.
+	c.handler = Chain(c.deadline(h), append([]Middleware{Recover()}, cfg.Middleware...)...)
 	return c, nil
 }
 
@@ -172,6 +203,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.running = false
 		c.mu.Unlock()
 	}()
+	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	go c.watch.run(wctx)
+	defer stopWatch()
 
 	failures := 0
 	for {
@@ -250,7 +284,11 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	defer hcancel()
 
 	rq := newRequeuer(ack, c.rec, c.log)
-	work := make(chan job)
+	// Buffered to the prefetch window (the broker never has more unacked
+	// deliveries on the channel), so dispatch never blocks and a delivery's
+	// ReceivedAt is when it arrived, not when a worker was free: the
+	// ConsumerTimeout bound counts from there.
+	work := make(chan job, c.cfg.Prefetch)
 	var wg sync.WaitGroup
 	for i := 0; i < c.cfg.Workers; i++ {
 		wg.Add(1)
@@ -342,6 +380,10 @@ func (c *Consumer) dispatch(ack *acker.Acker, work chan<- job, d amqp.Delivery) 
 }
 
 func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, j job) {
+	if c.expired(ctx, ack, j) {
+		return
+	}
+	defer c.watch.track(j.del)()
 	err := c.handler.Handle(ctx, j.del)
 	tag := j.d.DeliveryTag
 	if err == nil {
@@ -371,6 +413,9 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 		// dead-letter it.
 		c.rec.Add(CountRequeued, 1)
 		_ = ack.Nack(tag, true)
+		return
+	}
+	if c.timedOutBelowBroker(ack, j, err) {
 		return
 	}
 	// No failure policy took the error: reject without requeue (it is

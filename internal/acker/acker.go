@@ -11,6 +11,14 @@
 // waits behind a slow predecessor for longer than StuckAfter is acknowledged on
 // its own, so one long handler does not pin the whole prefetch window.
 //
+// Memory is bounded by the channel's prefetch window: the Acker holds only
+// the tags that are not yet on the wire (in a worker's hands, or acked and
+// waiting to be coalesced). A tag settled on its own (a nack, an individual
+// ack past a stuck predecessor) is forgotten at once; a tag below the
+// highest registered one that the Acker does not hold is settled. However
+// many deliveries go past one stuck handler, the Acker holds at most the
+// window.
+//
 // An Acker belongs to one channel: when the channel dies, the Acker is closed
 // and every later decision for its tags is dropped (the broker redelivers
 // those messages on the next channel).
@@ -57,7 +65,6 @@ type state uint8
 const (
 	outstanding state = iota // in a worker's hands
 	ackPending               // decided ack, not yet on the wire
-	settled                  // on the wire (nack, or an individual ack)
 )
 
 type entry struct {
@@ -70,10 +77,13 @@ type Acker struct {
 	ch  Channel
 	cfg Config
 
-	mu      sync.Mutex
-	next    uint64 // lowest tag not yet covered by a sent multiple-ack
-	max     uint64 // highest registered tag
+	mu   sync.Mutex
+	next uint64 // lowest tag not yet known to be settled or in the sent prefix
+	max  uint64 // highest registered tag
+	// entries holds the tags not yet on the wire: outstanding or
+	// ackPending. A registered tag (<= max) missing from it is settled.
 	entries map[uint64]*entry
+	waiting int    // ackPending entries behind an outstanding predecessor
 	lastAck uint64 // highest tag in the settled prefix that is ackPending
 	batch   int    // ackPending tags in the prefix not yet sent
 	closed  bool
@@ -117,10 +127,7 @@ func (a *Acker) Register(tag uint64) error {
 		return ErrUnknownTag
 	}
 	// Tags may skip (they never do on one channel, but be safe): a skipped
-	// tag is not ours to settle, treat it as already settled.
-	for t := a.max + 1; t < tag; t++ {
-		a.entries[t] = &entry{state: settled}
-	}
+	// tag is not ours to settle; not holding it means settled.
 	a.max = tag
 	a.entries[tag] = &entry{state: outstanding}
 	return nil
@@ -137,6 +144,7 @@ func (a *Acker) Ack(tag uint64) error {
 	}
 	e.state = ackPending
 	e.decidedAt = time.Now()
+	a.waiting++
 	errs = a.advance(false, errs)
 	a.mu.Unlock()
 	a.report(errs)
@@ -146,12 +154,11 @@ func (a *Acker) Ack(tag uint64) error {
 // Nack sends a negative acknowledgement for tag at once.
 func (a *Acker) Nack(tag uint64, requeue bool) error {
 	a.mu.Lock()
-	e, err := a.take(tag)
-	if err != nil {
+	if _, err := a.take(tag); err != nil {
 		a.mu.Unlock()
 		return err
 	}
-	e.state = settled
+	delete(a.entries, tag) // settled: forgotten at once
 	var errs []error
 	if err := a.ch.Nack(tag, false, requeue); err != nil {
 		errs = append(errs, err)
@@ -163,7 +170,11 @@ func (a *Acker) Nack(tag uint64, requeue bool) error {
 }
 
 // Outstanding returns how many registered tags are not yet on the wire.
-func (a *Acker) Outstanding() int {
+func (a *Acker) Outstanding() int { return a.Len() }
+
+// Len returns how many tags the Acker holds in memory: the registered tags
+// not yet on the wire. It is bounded by the channel's prefetch window.
+func (a *Acker) Len() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return len(a.entries)
@@ -215,16 +226,25 @@ func (a *Acker) take(tag uint64) (*entry, error) {
 // batch is full or when force is set (the flush timer, Close). Called with
 // a.mu held.
 func (a *Acker) advance(force bool, errs []error) []error {
-	for {
-		e, ok := a.entries[a.next]
-		if !ok || e.state == outstanding {
+	for a.next <= a.max {
+		if len(a.entries) == 0 {
+			// Everything registered is settled or in the prefix.
+			a.next = a.max + 1
 			break
 		}
-		if e.state == ackPending {
+		e, ok := a.entries[a.next]
+		if ok {
+			if e.state == outstanding {
+				break
+			}
+			// ackPending: joins the prefix the next multiple-ack covers.
 			a.lastAck = a.next
 			a.batch++
+			a.waiting--
+			delete(a.entries, a.next)
 		}
-		delete(a.entries, a.next)
+		// Not held: settled on its own already (a nack, an individual
+		// ack); a multiple-ack past it does not touch it again.
 		a.next++
 	}
 	if a.batch == 0 {
@@ -243,6 +263,9 @@ func (a *Acker) advance(force bool, errs []error) []error {
 // outstanding predecessor and were decided before cutoff (all of them when
 // cutoff is zero). Called with a.mu held.
 func (a *Acker) unstick(cutoff time.Time, errs []error) []error {
+	if a.waiting == 0 {
+		return errs // the common case: nothing waits behind a slow handler
+	}
 	for tag, e := range a.entries {
 		if e.state != ackPending {
 			continue
@@ -253,7 +276,10 @@ func (a *Acker) unstick(cutoff time.Time, errs []error) []error {
 		if err := a.ch.Ack(tag, false); err != nil {
 			errs = append(errs, err)
 		}
-		e.state = settled
+		// On the wire: forgotten at once, so a stuck predecessor does not
+		// make the map grow with every delivery that goes past it.
+		delete(a.entries, tag)
+		a.waiting--
 	}
 	return errs
 }
@@ -267,17 +293,27 @@ func (a *Acker) loop() {
 		case <-a.stop:
 			return
 		case now := <-t.C:
-			a.mu.Lock()
-			if a.closed {
-				a.mu.Unlock()
+			if !a.tick(now) {
 				return
 			}
-			errs := a.advance(true, nil)
-			errs = a.unstick(now.Add(-a.cfg.StuckAfter), errs)
-			a.mu.Unlock()
-			a.report(errs)
 		}
 	}
+}
+
+// tick is one run of the flush timer: it sends the settled prefix and
+// acknowledges on their own the acked tags that waited behind an unsettled
+// predecessor for longer than StuckAfter. It reports false once closed.
+func (a *Acker) tick(now time.Time) bool {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return false
+	}
+	errs := a.advance(true, nil)
+	errs = a.unstick(now.Add(-a.cfg.StuckAfter), errs)
+	a.mu.Unlock()
+	a.report(errs)
+	return true
 }
 
 func (a *Acker) report(errs []error) {

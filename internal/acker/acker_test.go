@@ -207,3 +207,174 @@ func TestDoubleDecisionAndClosed(t *testing.T) {
 		t.Fatalf("ack after Abandon: %v, want ErrClosed", err)
 	}
 }
+
+// TestMemoryBoundedBehindStuckTag: one tag stays in a worker's hands while
+// 200,000 deliveries after it are acked, with the broker keeping at most a
+// prefetch window of unacked deliveries on the channel (as RabbitMQ does).
+// The acked ones are acknowledged on their own once stuck, and the Acker
+// must forget them: what it holds stays bounded by the window, not by how
+// many deliveries went past the stuck one. Every tag is settled exactly once,
+// the stuck one last.
+func TestMemoryBoundedBehindStuckTag(t *testing.T) {
+	const (
+		window = 200     // the channel's prefetch
+		after  = 200_000 // deliveries acked past the stuck tag
+	)
+	n := after + 1
+	m := newModel(n)
+	// The test drives the flush timer itself (tick), so the background one
+	// never fires.
+	a := New(m, Config{MaxBatch: 50, FlushInterval: time.Hour, StuckAfter: time.Millisecond})
+	defer a.Abandon()
+	if err := a.Register(1); err != nil { // the stuck handler's delivery
+		t.Fatal(err)
+	}
+	maxLen := 0
+	next := uint64(2)
+	for next <= uint64(n) {
+		// The broker sends up to the prefetch window of unacked deliveries.
+		m.mu.Lock()
+		room := window - len(m.outstanding) + (n - int(next) + 1)
+		m.mu.Unlock()
+		if room <= 0 {
+			t.Fatalf("tag %d: the window is full and nothing settles it (%d tags held)", next, a.Len())
+		}
+		for ; room > 0 && next <= uint64(n); room, next = room-1, next+1 {
+			if err := a.Register(next); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Ack(next); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Every acked tag is now older than StuckAfter.
+		a.tick(time.Now().Add(time.Second))
+		if l := a.Len(); l > maxLen {
+			maxLen = l
+		}
+	}
+	if maxLen > window+1 {
+		t.Fatalf("the acker held up to %d tags behind one stuck tag (window %d): its memory grows with every delivery", maxLen, window)
+	}
+	m.mu.Lock()
+	if !m.outstanding[1] || len(m.outstanding) != 1 {
+		t.Fatalf("want only the stuck tag unacked, have %d unacked (tag 1 unacked: %v)", len(m.outstanding), m.outstanding[1])
+	}
+	m.mu.Unlock()
+	if err := a.Ack(1); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if l := a.Len(); l != 0 {
+		t.Fatalf("%d tags held after Close", l)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.violations) > 0 {
+		t.Fatalf("violations: %v", m.violations[:min(5, len(m.violations))])
+	}
+	for tag := uint64(1); tag <= uint64(n); tag++ {
+		if m.acked[tag] != 1 {
+			t.Fatalf("tag %d acked %d times", tag, m.acked[tag])
+		}
+	}
+}
+
+// TestModelPrefetchWindow is a randomized model test of the Acker as the
+// consumer drives it: the broker keeps at most a prefetch window of unacked
+// deliveries on the channel, workers settle them in random order (some are
+// held for a long time, some nacked), and the flush timer fires at random
+// moments. After every step: the Acker holds no more tags than the broker
+// has unacked (so never more than the window), and nothing violates the
+// protocol; at the end every tag is settled exactly once with the right kind
+// of frame.
+func TestModelPrefetchWindow(t *testing.T) {
+	for seed := uint64(1); seed <= 100; seed++ {
+		rng := rand.New(rand.NewPCG(seed, seed*104729))
+		n := 1 + rng.IntN(1500)
+		window := 1 + rng.IntN(100)
+		m := newModel(n)
+		a := New(m, Config{MaxBatch: 1 + rng.IntN(60), FlushInterval: time.Hour, StuckAfter: time.Duration(rng.IntN(3)) * time.Millisecond})
+		var held []uint64 // registered, not yet decided
+		wantNack := map[uint64]bool{}
+		next := uint64(1)
+		unacked := func() int { // unacked on the channel, as the broker sees it
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			return len(m.outstanding) - (n - int(next) + 1)
+		}
+		for step := 0; next <= uint64(n) || len(held) > 0; step++ {
+			switch r := rng.IntN(10); {
+			case r < 4 && next <= uint64(n) && unacked() < window:
+				if err := a.Register(next); err != nil {
+					t.Fatalf("seed %d: register %d: %v", seed, next, err)
+				}
+				held = append(held, next)
+				next++
+			case r < 8 && len(held) > 0:
+				// Mostly the oldest are the slow ones: pick from the newest
+				// half now and then, so some tags stay stuck for long.
+				i := rng.IntN(len(held))
+				if rng.IntN(4) > 0 {
+					i = len(held)/2 + rng.IntN(len(held)-len(held)/2)
+				}
+				tag := held[i]
+				held = append(held[:i], held[i+1:]...)
+				if rng.IntN(13) == 0 {
+					wantNack[tag] = true
+					if err := a.Nack(tag, rng.IntN(2) == 0); err != nil {
+						t.Fatalf("seed %d: nack %d: %v", seed, tag, err)
+					}
+				} else if err := a.Ack(tag); err != nil {
+					t.Fatalf("seed %d: ack %d: %v", seed, tag, err)
+				}
+			case r >= 8:
+				a.tick(time.Now().Add(time.Duration(rng.IntN(4)) * time.Millisecond))
+			}
+			if l, u := a.Len(), unacked(); l > u || u > window {
+				t.Fatalf("seed %d step %d: acker holds %d tags, %d unacked on the channel (window %d)", seed, step, l, u, window)
+			}
+		}
+		a.Close()
+		if l := a.Len(); l != 0 {
+			t.Fatalf("seed %d: %d tags held after Close", seed, l)
+		}
+		m.mu.Lock()
+		if len(m.violations) > 0 {
+			t.Fatalf("seed %d: violations: %v", seed, m.violations)
+		}
+		for tag := uint64(1); tag <= uint64(n); tag++ {
+			ak, nk := m.acked[tag], m.nacked[tag]
+			if ak+nk != 1 || wantNack[tag] != (nk == 1) {
+				t.Fatalf("seed %d: tag %d acked %d nacked %d (want nack %v)", seed, tag, ak, nk, wantNack[tag])
+			}
+		}
+		m.mu.Unlock()
+	}
+}
+
+// TestInOrderAcksCoalesce keeps the fast path honest: in-order acks with
+// nothing stuck go out as one multiple-ack per MaxBatch tags, no individual
+// acks, and the Acker holds nothing between batches.
+func TestInOrderAcksCoalesce(t *testing.T) {
+	const n, batch = 1000, 50
+	m := newModel(n)
+	a := New(m, Config{MaxBatch: batch, FlushInterval: time.Hour, StuckAfter: time.Hour})
+	defer a.Abandon()
+	for tag := uint64(1); tag <= n; tag++ {
+		if err := a.Register(tag); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Ack(tag); err != nil {
+			t.Fatal(err)
+		}
+		if l := a.Len(); l != 0 {
+			t.Fatalf("tag %d: acker holds %d tags with nothing in flight", tag, l)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.frames != n/batch || len(m.outstanding) != 0 || len(m.violations) != 0 {
+		t.Fatalf("%d frames (want %d), %d unacked, violations %v", m.frames, n/batch, len(m.outstanding), m.violations)
+	}
+}

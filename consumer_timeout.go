@@ -1,0 +1,339 @@
+package idemq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemq/idemq/internal/acker"
+)
+
+// Handler time limits, and the broker's consumer_timeout.
+//
+// RabbitMQ closes a channel (PRECONDITION_FAILED, "delivery acknowledgement
+// timed out") when one of its deliveries stays unacknowledged for longer
+// than consumer_timeout, and redelivers every unacked delivery of that
+// channel — while the first handler may still run. The consumer bounds each
+// handler below that timeout, so a slow handler is cancelled and its
+// delivery given back through the failure policy before the broker acts.
+
+// DefaultConsumerTimeout is RabbitMQ's default consumer_timeout (since 3.8.15).
+const DefaultConsumerTimeout = 30 * time.Minute
+
+// Counter names for handler time limits.
+const (
+	// CountHandlerTimeouts: handlers whose context reached its deadline
+	// (HandlerTimeout or the ConsumerTimeout bound) and that failed.
+	CountHandlerTimeouts = "handler_timeouts"
+	// CountStuckHandlers: deliveries still being handled after
+	// StuckHandlerAfter (counted once each).
+	CountStuckHandlers = "stuck_handlers"
+	// CountExpiredDeliveries: deliveries given back without running
+	// because they waited in the client until too close to the
+	// ConsumerTimeout bound.
+	CountExpiredDeliveries = "expired_deliveries"
+)
+
+// ErrHandlerTimeout is the cause of a handler context cancelled at its
+// deadline (see ConsumerConfig.HandlerTimeout and ConsumerTimeout). A
+// handler can test context.Cause(ctx) for it; a failed handler's error
+// reaches the failure policy as a [*HandlerTimeoutError].
+var ErrHandlerTimeout = errors.New("idemq: handler timed out")
+
+// HandlerTimeoutError is what a handler's error becomes when the handler
+// failed after its context reached its deadline. It is an ordinary failed
+// attempt for the failure policy (retried with delay, then dead-lettered),
+// not a shutdown: the delivery is not acked, the dedup guard releases its
+// claim and the inbox rolls back, so the redelivery applies it once.
+type HandlerTimeoutError struct {
+	// Limit is how long the handler was given.
+	Limit time.Duration
+	// ConsumerTimeout says the limit came from the broker's consumer
+	// timeout bound rather than from HandlerTimeout.
+	ConsumerTimeout bool
+	// Err is what the handler returned.
+	Err error
+}
+
+func (e *HandlerTimeoutError) Error() string {
+	return fmt.Sprintf("%s after %v (%s): %s", ErrHandlerTimeout.Error(), e.Limit, e.source(), errString(e.Err))
+}
+
+func (e *HandlerTimeoutError) source() string {
+	if e.ConsumerTimeout {
+		return "bounded below the broker's consumer_timeout"
+	}
+	return "HandlerTimeout"
+}
+
+// Unwrap returns [ErrHandlerTimeout] and the handler's error.
+func (e *HandlerTimeoutError) Unwrap() []error { return []error{ErrHandlerTimeout, e.Err} }
+
+// timeouts are the normalized handler limits of a consumer.
+type timeouts struct {
+	handler time.Duration // 0: none of its own
+	broker  time.Duration // the broker's consumer_timeout; 0: none
+	margin  time.Duration // handlers end this long before broker does
+	stuck   time.Duration // warn after; 0: never
+}
+
+// timeoutDefaults validates and fills the time-limit fields of cfg.
+func timeoutDefaults(cfg *ConsumerConfig) error {
+	if cfg.HandlerTimeout < 0 {
+		return fmt.Errorf("idemq: ConsumerConfig.HandlerTimeout %v is negative", cfg.HandlerTimeout)
+	}
+	if cfg.ConsumerTimeout == 0 {
+		cfg.ConsumerTimeout = DefaultConsumerTimeout
+	}
+	if cfg.ConsumerTimeout > 0 {
+		if cfg.ConsumerTimeoutMargin == 0 {
+			cfg.ConsumerTimeoutMargin = min(cfg.ConsumerTimeout/10, time.Minute)
+		}
+		if cfg.ConsumerTimeoutMargin < 0 || cfg.ConsumerTimeoutMargin*2 >= cfg.ConsumerTimeout {
+			return fmt.Errorf("idemq: ConsumerConfig.ConsumerTimeoutMargin %v must be positive and less than half of ConsumerTimeout %v",
+				cfg.ConsumerTimeoutMargin, cfg.ConsumerTimeout)
+		}
+	}
+	if cfg.StuckHandlerAfter == 0 {
+		cfg.StuckHandlerAfter = time.Minute
+	}
+	return nil
+}
+
+func (cfg *ConsumerConfig) timeouts() timeouts {
+	t := timeouts{handler: cfg.HandlerTimeout}
+	if cfg.ConsumerTimeout > 0 {
+		t.broker, t.margin = cfg.ConsumerTimeout, cfg.ConsumerTimeoutMargin
+	}
+	if cfg.StuckHandlerAfter > 0 {
+		t.stuck = cfg.StuckHandlerAfter
+	}
+	return t
+}
+
+// bound is when handlers of a delivery received at receivedAt must be done
+// by: ConsumerTimeout minus the margin after it arrived. ok is false when
+// there is no broker timeout.
+func (t timeouts) bound(receivedAt time.Time) (at time.Time, ok bool) {
+	if t.broker <= 0 || receivedAt.IsZero() {
+		return time.Time{}, false
+	}
+	return receivedAt.Add(t.broker - t.margin), true
+}
+
+// deadline wraps the user's handler (innermost, inside every middleware):
+// its context ends at min(start+HandlerTimeout, the ConsumerTimeout bound).
+// The middlewares around it (failure policy, dedup guard, inbox) keep a
+// live context, so they can release the claim, roll back and republish
+// after a timeout.
+func (c *Consumer) deadline(h Handler) Handler {
+	t := c.cfg.timeouts()
+	if t.handler <= 0 && t.broker <= 0 {
+		return h
+	}
+	return HandlerFunc(func(ctx context.Context, d *Delivery) error {
+		start := time.Now()
+		var at time.Time
+		fromBroker := false
+		if t.handler > 0 {
+			at = start.Add(t.handler)
+		}
+		if b, ok := t.bound(d.ReceivedAt); ok && (at.IsZero() || b.Before(at)) {
+			at, fromBroker = b, true
+		}
+		if at.IsZero() {
+			return h.Handle(ctx, d)
+		}
+		limit := at.Sub(start)
+		if limit <= 0 {
+			// The bound has passed (a quick retry after a timeout): do
+			// not start work that would be cut at once.
+			return &HandlerTimeoutError{Limit: 0, ConsumerTimeout: fromBroker, Err: context.DeadlineExceeded}
+		}
+		cause := fmt.Errorf("%w after %v", ErrHandlerTimeout, limit)
+		hctx, cancel := context.WithDeadlineCause(ctx, at, cause)
+		defer cancel()
+		err := h.Handle(hctx, d)
+		if err == nil || hctx.Err() == nil || ctx.Err() != nil {
+			// Success (even a late one: the effect is applied, ack it),
+			// a failure of its own, or the consumer's context ended
+			// (shutdown, lost channel: not the handler's fault).
+			return err
+		}
+		RecorderFrom(ctx).Add(CountHandlerTimeouts, 1)
+		c.log.Warn("idemq: handler timed out; its context was cancelled and the delivery goes to the failure policy",
+			"message_id", d.MessageID, "delivery_tag", d.DeliveryTag, "limit", limit,
+			"consumer_timeout_bound", fromBroker, "err", err)
+		return &HandlerTimeoutError{Limit: limit, ConsumerTimeout: fromBroker, Err: err}
+	})
+}
+
+// expired gives back, without running it, a delivery that is no longer
+// worth running: the consumer is stopping (its context ended), or it
+// waited in the client until less than one margin is left before the
+// ConsumerTimeout bound (a prefetch much larger than the workers can
+// handle in time). It reports whether the delivery was given back.
+func (c *Consumer) expired(ctx context.Context, ack *acker.Acker, j job) bool {
+	if ctx.Err() != nil {
+		// Shutdown past ShutdownTimeout, or the channel is gone: give it
+		// back (a no-op on a dead channel: the broker redelivers).
+		if ack.Nack(j.d.DeliveryTag, true) == nil {
+			c.rec.Add(CountRequeued, 1)
+		}
+		return true
+	}
+	t := c.cfg.timeouts()
+	b, ok := t.bound(j.del.ReceivedAt)
+	if !ok || time.Until(b) > t.margin {
+		return false
+	}
+	c.rec.Add(CountExpiredDeliveries, 1)
+	c.log.Warn("idemq: delivery waited in the consumer too close to the broker's consumer_timeout; given back without running (lower Prefetch or raise Workers)",
+		"message_id", j.del.MessageID, "delivery_tag", j.d.DeliveryTag,
+		"waited", time.Since(j.del.ReceivedAt).Round(time.Millisecond), "consumer_timeout", t.broker)
+	if ack.Nack(j.d.DeliveryTag, true) == nil {
+		c.rec.Add(CountRequeued, 1)
+	}
+	return true
+}
+
+// watchdog logs handlers that run long: once when a delivery has been in a
+// worker's hands for StuckHandlerAfter, again at every doubling of that,
+// and once when it nears the ConsumerTimeout bound.
+type watchdog struct {
+	c *Consumer
+	t timeouts
+
+	mu       sync.Mutex
+	inflight map[*Delivery]watched
+}
+
+type watched struct {
+	start     time.Time
+	nextWarn  time.Duration // age of the next stuck warning
+	nearTold  bool
+	stuckSeen bool
+}
+
+func newWatchdog(c *Consumer) *watchdog {
+	return &watchdog{c: c, t: c.cfg.timeouts(), inflight: map[*Delivery]watched{}}
+}
+
+func (w *watchdog) enabled() bool { return w.t.stuck > 0 || w.t.broker > 0 }
+
+// period is how often the watchdog looks: a quarter of the shortest
+// threshold, between 5ms and 1s.
+func (w *watchdog) period() time.Duration {
+	p := time.Second
+	if w.t.stuck > 0 {
+		p = min(p, w.t.stuck/4)
+	}
+	if w.t.broker > 0 {
+		p = min(p, w.t.margin/4)
+	}
+	return max(p, 5*time.Millisecond)
+}
+
+// track records d as being handled until the returned func is called.
+func (w *watchdog) track(d *Delivery) (done func()) {
+	if !w.enabled() {
+		return func() {}
+	}
+	w.mu.Lock()
+	w.inflight[d] = watched{start: time.Now(), nextWarn: w.t.stuck}
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		delete(w.inflight, d)
+		w.mu.Unlock()
+	}
+}
+
+// run checks the handlers in flight every period until ctx ends.
+func (w *watchdog) run(ctx context.Context) {
+	if !w.enabled() {
+		return
+	}
+	tk := time.NewTicker(w.period())
+	defer tk.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tk.C:
+			w.check(now)
+		}
+	}
+}
+
+type warning struct {
+	d       *Delivery
+	age     time.Duration
+	near    bool
+	first   bool
+	cancels time.Duration
+}
+
+func (w *watchdog) check(now time.Time) {
+	var warns []warning
+	w.mu.Lock()
+	for d, s := range w.inflight {
+		age := now.Sub(s.start)
+		changed := false
+		if w.t.stuck > 0 && age >= s.nextWarn {
+			warns = append(warns, warning{d: d, age: age, first: !s.stuckSeen})
+			s.stuckSeen = true
+			for s.nextWarn <= age {
+				s.nextWarn *= 2
+			}
+			changed = true
+		}
+		if b, ok := w.t.bound(d.ReceivedAt); ok && !s.nearTold {
+			// Near: within a fifth of the bound (at least one margin).
+			if left := b.Sub(now); left <= max((w.t.broker-w.t.margin)/5, w.t.margin) {
+				warns = append(warns, warning{d: d, age: age, near: true, cancels: left})
+				s.nearTold = true
+				changed = true
+			}
+		}
+		if changed {
+			w.inflight[d] = s
+		}
+	}
+	w.mu.Unlock()
+	for _, wn := range warns {
+		if wn.near {
+			w.c.log.Warn("idemq: handler nears the broker's consumer_timeout; its context is cancelled before the broker would close the channel",
+				"message_id", wn.d.MessageID, "delivery_tag", wn.d.DeliveryTag, "age", wn.age.Round(time.Millisecond),
+				"cancelled_in", max(wn.cancels, 0).Round(time.Millisecond), "consumer_timeout", w.t.broker)
+			continue
+		}
+		if wn.first {
+			w.c.rec.Add(CountStuckHandlers, 1)
+		}
+		w.c.log.Warn("idemq: handler still running (stuck?)",
+			"message_id", wn.d.MessageID, "delivery_tag", wn.d.DeliveryTag, "age", wn.age.Round(time.Millisecond),
+			"redelivered", wn.d.Redelivered)
+	}
+}
+
+// timedOutBelowBroker gives back (nack with requeue) a delivery whose
+// handler was cut at the ConsumerTimeout bound when no failure policy took
+// the error: that is what the broker would have done a moment later, but
+// without closing the channel under the other deliveries and without a
+// second copy running while the first still does. A HandlerTimeout cut
+// is a plain failure (rejected, like any other, without a policy).
+func (c *Consumer) timedOutBelowBroker(ack *acker.Acker, j job, err error) bool {
+	var te *HandlerTimeoutError
+	if !errors.As(err, &te) || !te.ConsumerTimeout {
+		return false
+	}
+	c.log.Warn("idemq: handler cut below the broker's consumer_timeout and no failure policy took it; delivery given back",
+		"message_id", j.del.MessageID, "delivery_tag", j.d.DeliveryTag, "limit", te.Limit)
+	if ack.Nack(j.d.DeliveryTag, true) == nil {
+		c.rec.Add(CountRequeued, 1)
+	}
+	return true
+}
