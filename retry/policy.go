@@ -256,7 +256,7 @@ func (p *policy) run(ctx context.Context, d *idemq.Delivery) (err error) {
 }
 
 func (p *policy) Handle(ctx context.Context, d *idemq.Delivery) error {
-	//STRIP
+	stripForged(d)
 	if p.cfg.DeliveryLimit > 0 {
 		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(p.cfg.DeliveryLimit) {
 			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, p.cfg.DeliveryLimit)
