@@ -189,3 +189,32 @@ func TestDeadLetterTransientPublishFailureKeepsTheDelivery(t *testing.T) {
 		t.Fatalf("%d rejected: a passing publish failure must not reject", n)
 	}
 }
+
+// A handler error of hundreds of KiB with a generous ErrorTextLimit used to
+// make the dead letter's header frame larger than the broker's frame_max:
+// the broker closed the publisher's connection, every publish attempt
+// failed the same way and the delivery came back for ever. The error text
+// is now capped at MaxErrorTextLimit whatever the configuration says.
+func TestHugeErrorTextIsDeadLetteredNotLooped(t *testing.T) {
+	p := declare(t, topology.Queue{NoRetry: true})
+	var c calls
+	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: []time.Duration{}, ErrorTextLimit: 1 << 20,
+		PublishTimeout: 2 * time.Second, PublishRetryAfter: 50 * time.Millisecond},
+		func(ctx context.Context, d *idemq.Delivery) error {
+			c.add(d)
+			return idemq.Permanent(errors.New(strings.Repeat("stack frame ", 30_000)))
+		})
+	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "huge-1"})
+	var dls []amqp.Delivery
+	settle(t, &c, "the dead letter", func() bool {
+		dls = append(dls, testenv.Drain(t, p.DLQ)...)
+		return len(dls) == 1
+	})
+	e := hs(dls[0].Headers, retry.HeaderError)
+	if len(e) > retry.MaxErrorTextLimit || !strings.HasPrefix(e, "permanent: stack frame") {
+		t.Fatalf("error header %d bytes: %.80q", len(e), e)
+	}
+	if c.n() != 1 {
+		t.Fatalf("handler ran %d times", c.n())
+	}
+}
