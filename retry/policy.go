@@ -315,7 +315,7 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 	if p.pub == nil {
 		return cause
 	}
-	if err := idemq.ValidateID(d.MessageID); err != nil {
+	if err := idemq.ValidateID(republishID(d)); err != nil {
 		// A retry must come back under the same ID (the dedup guard keys
 		// on it); without a valid one no republish can succeed, and a new
 		// ID would make it another message. Dead-letter it now.
@@ -365,7 +365,7 @@ func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.Reque
 	if p.pub == nil || (rq.InPlace && p.roomToRequeue(d)) {
 		return cause // the consumer requeues it after rq.After
 	}
-	if idemq.ValidateID(d.MessageID) != nil {
+	if idemq.ValidateID(republishID(d)) != nil {
 		// Cannot be republished under its own ID: it waits in place (the
 		// inner layer decides when the deferral ends; a quorum queue's
 		// DeliveryLimit bounds it).
@@ -527,6 +527,9 @@ func errText(err error) string {
 	}
 	return err.Error()
 }
+
+// republishID is the ID a republish of d carries (see republish).
+func republishID(d *idemq.Delivery) string { return republish(d, "", "", nil).ID }
 
 // republish builds the message that carries d to exchange/key with headers h.
 func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Message {
