@@ -28,13 +28,41 @@
 // BEFORE the middleware returns nil and the consumer acks the original. A
 // crash in between duplicates a retry or a dead letter (same message ID: the
 // dedup guard sees one message); it never loses one. When the republish
-// fails the middleware returns idemq.Requeue(PublishRetryAfter,
+// fails for a reason that passes (the connection is down, a confirm timed
+// out) the middleware returns idemq.Requeue(PublishRetryAfter,
 // "retry-publish-failed", err): the consumer does not ack, it puts the
-// delivery back after the delay and the decision is taken again. One
-// exception: when the retry queue itself does not exist (the broker returns
-// the message as unroutable — Delays and the declared topology disagree),
-// waiting cannot help, so the delivery is dead-lettered with reason
-// handler-error instead of looping.
+// delivery back after the delay and the decision is taken again.
+//
+// A republish that can never succeed is a permanent failure, never a loop:
+//
+//	retry, no valid message ID    → dead-letter queue, reason missing-id /
+//	                                invalid-id (a retry must keep its ID)
+//	retry queue missing (returned → dead-letter queue, reason handler-error
+//	unroutable), headers invalid
+//	or too large
+//	dead letter too large         → sent again with only the message's own
+//	                                headers, x-idemq-reason and -attempts
+//	dead letter unroutable (DLQ   → idemq.Reject: the consumer nacks without
+//	deleted), invalid, still too    requeue, the broker's dead-letter
+//	large                           exchange (if any) takes it; an error log
+//	                                line and the counter retry_unpublishable
+//	no dead-letter queue          → idemq.Reject likewise (counter
+//	(topology dlq: "-")             retry_no_dlq): no DLQ means no DLQ
+//
+// A deferral (RequeueError) is never dead-lettered for a failed republish:
+// it waits in place and the layer that deferred it decides again.
+// [NewPolicy] ([Config.Validate]) refuses, at startup, delays without their
+// retry queue and a dead-letter queue the topology does not declare.
+//
+// Inbound x-idemq-* headers are trusted only on a delivery that came back
+// through idemq's own path ([FromRetryPath]: default exchange, its own queue
+// as routing key, and the x-idemq-queue marker with x-idemq-attempt or
+// x-idemq-requeues). On any other delivery the policy drops them before it
+// reads them, so the original exchange and routing key it records are the
+// delivery's own, a forged attempt count uses up nothing, and a forged
+// route cannot steer a replay. Every x-idemq-* header it writes is bounded
+// (the error text by ErrorTextLimit, at most [MaxErrorTextLimit]; the
+// others at 255 bytes), so what it adds stays a few KiB below frame_max.
 //
 // Decisions rest on two counters only: x-idemq-attempt, which the policy
 // rewrites on every hop (a missing or garbage value counts as attempt 1, so

@@ -16,11 +16,18 @@ func ExamplePolicy() {
 	setup := topology.SetupFunc(topology.Topology{Queues: []topology.Queue{q}})
 	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
 	defer pub.Close()
+	// NewPolicy refuses at startup what could never be republished (a
+	// delay without its retry queue, a dead-letter queue the topology
+	// does not declare).
+	policy, err := retry.NewPolicy(retry.ForTopology(q, retry.Config{Publisher: pub}))
+	if err != nil {
+		panic(err)
+	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: q.Name,
 		Setup: setup,
 		Middleware: []idemq.Middleware{
-			retry.Policy(retry.ForTopology(q, retry.Config{Publisher: pub})),
+			policy,
 			// dedup.Guard(store, dedup.Config{}) goes here, inside the policy.
 		},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {

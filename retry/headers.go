@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
 )
 
 // Header names the policy reads and writes.
@@ -31,6 +33,11 @@ const (
 	HeaderDeliveryCount = "x-delivery-count" // set by quorum queues
 	HeaderDeath         = "x-death"          // set by the broker when it dead-letters
 )
+
+// HeaderPrefix starts every header idemq writes. Inbound headers with it
+// are only kept on deliveries that came through idemq's own retry path
+// ([FromRetryPath]).
+const HeaderPrefix = "x-idemq-"
 
 // TimeFormat is the format of the x-idemq-*-failure headers.
 const TimeFormat = time.RFC3339Nano
@@ -199,4 +206,103 @@ func Truncate(s string, limit int) string {
 		cut--
 	}
 	return s[:cut]
+}
+
+// FromRetryPath reports whether d came back to its work queue through
+// idemq's own retry path, so its x-idemq-* headers were written by the
+// policy: it arrived through the default exchange with its own queue as
+// routing key (as a retry queue dead-letters it, or as the policy
+// republishes it), and carries the marker the policy writes on every such
+// hop — x-idemq-queue equal to the queue it is consumed from, with
+// x-idemq-attempt or x-idemq-requeues. A message published to a business
+// exchange never qualifies, whatever headers its producer set. A producer
+// allowed to publish straight to the work queue through the default
+// exchange can still imitate the marker: deny it write access to the
+// default exchange where that matters.
+func FromRetryPath(d *idemq.Delivery) bool {
+	if d == nil || d.Exchange != "" || d.RoutingKey == "" || d.RoutingKey != d.Queue {
+		return false
+	}
+	if q, ok := strOK(d.Headers[HeaderQueue]); !ok || q != d.Queue {
+		return false
+	}
+	_, attempt := d.Headers[HeaderAttempt]
+	_, requeues := d.Headers[HeaderRequeues]
+	return attempt || requeues
+}
+
+// StripIdemqHeaders returns a copy of h without any x-idemq-* header.
+func StripIdemqHeaders(h amqp.Table) amqp.Table {
+	out := make(amqp.Table, len(h))
+	for k, v := range h {
+		if !strings.HasPrefix(k, HeaderPrefix) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// stripForged drops the inbound x-idemq-* headers of a delivery that did
+// not come through idemq's own retry path (a producer can set any header:
+// a forged x-idemq-original-exchange would steer a replay, a forged
+// x-idemq-attempt would use up attempts). The original route is then
+// taken from the delivery itself. d.Headers is replaced, not modified.
+func stripForged(d *idemq.Delivery) {
+	if FromRetryPath(d) {
+		return
+	}
+	for k := range d.Headers {
+		if strings.HasPrefix(k, HeaderPrefix) {
+			d.Headers = StripIdemqHeaders(d.Headers)
+			return
+		}
+	}
+}
+
+// countHeaders are the policy's integer headers; every other x-idemq-*
+// header the policy writes is a string.
+var countHeaders = map[string]bool{HeaderAttempt: true, HeaderAttempts: true, HeaderRequeues: true}
+
+// bound caps every x-idemq-* header of h (about to be republished) in
+// place: strings at maxHeaderText bytes (the error text at errLimit, the
+// original message ID at maxOriginalIDText), counts as int64, anything
+// else dropped. What idemq adds to a message stays a few KiB at most.
+func bound(h amqp.Table, errLimit int) {
+	for k, v := range h {
+		if !strings.HasPrefix(k, HeaderPrefix) {
+			continue
+		}
+		if countHeaders[k] {
+			if n, ok := Int(v); ok {
+				h[k] = n
+			} else {
+				delete(h, k)
+			}
+			continue
+		}
+		s, ok := strOK(v)
+		if !ok {
+			delete(h, k)
+			continue
+		}
+		limit := maxHeaderText
+		switch k {
+		case HeaderError:
+			limit = errLimit
+		case HeaderOriginalMessageID:
+			limit = maxOriginalIDText
+		}
+		h[k] = Truncate(s, limit)
+	}
+}
+
+// minimalHeaders are the headers of a dead letter that did not fit with
+// idemq's usual ones: the message's own headers, the reason and the
+// attempt count.
+func minimalHeaders(own amqp.Table, reason string, attempts int) amqp.Table {
+	h := StripIdemqHeaders(own)
+	delete(h, HeaderDeliveryCount)
+	h[HeaderReason] = Truncate(reason, maxHeaderText)
+	h[HeaderAttempts] = int64(attempts)
+	return h
 }

@@ -120,7 +120,9 @@ func (g *gen) str() string {
 	return s
 }
 
-var keys = []string{"count", "reason", "queue", "time", "exchange", "routing-keys", "original-expiration"}
+var keys = []string{"count", "reason", "queue", "time", "exchange", "routing-keys", "original-expiration",
+	HeaderAttempt, HeaderAttempts, HeaderRequeues, HeaderQueue, HeaderOriginalExchange, HeaderOriginalRoutingKey,
+	HeaderFirstFailure, HeaderError, HeaderOriginalMessageID, HeaderDeliveryCount, HeaderDeath, "x-idemq-other", "custom"}
 
 func (g *gen) value() any {
 	if len(g.b) == 0 {
@@ -128,7 +130,7 @@ func (g *gen) value() any {
 	}
 	g.depth++
 	defer func() { g.depth-- }()
-	switch k := g.byte() % 14; {
+	switch k := g.byte() % 19; {
 	case k == 0 && g.depth < 6:
 		n := int(g.byte() % 5)
 		arr := make([]any, n)
@@ -166,6 +168,18 @@ func (g *gen) value() any {
 		return int8(g.byte())
 	case k == 11:
 		return float32(int32(g.u64()))
+	case k == 12:
+		return int(g.u64())
+	case k == 13:
+		return uint32(g.u64())
+	case k == 14:
+		return uint16(g.u64())
+	case k == 15:
+		return int16(g.u64())
+	case k == 16:
+		return amqp.Decimal{Scale: g.byte(), Value: int32(g.u64())}
+	case k == 17:
+		return math.Float32frombits(uint32(g.u64()))
 	default:
 		return nil
 	}

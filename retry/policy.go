@@ -42,12 +42,17 @@ type Config struct {
 	// would drop the message without idemq's headers.
 	DeliveryLimit int
 	// DeadLetterQueue names the dead-letter queue of a work queue.
-	// Default [topology.DLQName] ("<queue>.dlq").
+	// Default [topology.DLQName] ("<queue>.dlq"). An empty name means no
+	// dead-letter queue (topology dlq: "-"): a delivery that fails for
+	// good is rejected to the broker (nack without requeue), which drops
+	// it unless the work queue has a dead-letter exchange of its own.
 	DeadLetterQueue func(queue string) string
 	// RetryQueue names the delay queue of a work queue for one delay.
 	// Default [topology.RetryQueueName] ("<queue>.retry.<ms>").
 	RetryQueue func(queue string, delay time.Duration) string
-	// ErrorTextLimit bounds x-idemq-error in bytes. Default 1024.
+	// ErrorTextLimit bounds x-idemq-error in bytes. Default 1024, at most
+	// [MaxErrorTextLimit] (the headers idemq adds must stay far below the
+	// broker's frame_max).
 	ErrorTextLimit int
 	// PublishTimeout bounds one republish (with its confirm). Default 30s.
 	PublishTimeout time.Duration
@@ -58,22 +63,42 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock (tests). Default time.Now.
 	Now func() time.Time
+	// Plan is the topology of the work queue, set by [ForTopology]. When
+	// set, [Config.Validate] checks that every delay has its retry queue
+	// and that the dead-letter queue is the one the topology declares.
+	Plan *topology.Plan
 }
+
+// MaxErrorTextLimit caps [Config.ErrorTextLimit]; every other header the
+// policy writes is capped at [maxHeaderText] bytes, so what it adds to a
+// message stays within a few KiB whatever the handler's error says.
+const MaxErrorTextLimit = 4096
+
+// maxHeaderText bounds each string header the policy writes besides the
+// error text (names, routing keys, times).
+const maxHeaderText = 255
+
+// maxOriginalIDText bounds x-idemq-original-message-id (an invalid ID may
+// be of any length).
+const maxOriginalIDText = 512
 
 // ForTopology returns cfg with Delays, DeadLetterQueue and DeliveryLimit
 // taken from q's plan (the same one [topology.Declare] declares), unless cfg
-// sets them already. MaxAttempts is left to its default (len(Delays)+1)
-// unless set.
+// sets them already, and Plan set to it so [Config.Validate] (and
+// [NewPolicy]) can check what cfg sets itself against the topology.
+// MaxAttempts is left to its default (len(Delays)+1) unless set. A queue
+// with dlq "-" gets no dead-letter queue: the policy rejects to the broker.
 func ForTopology(q topology.Queue, cfg Config) Config {
 	p := topology.ForQueue(q)
+	cfg.Plan = &p
 	if cfg.Delays == nil {
 		cfg.Delays = p.Delays
 		if cfg.Delays == nil {
 			cfg.Delays = []time.Duration{} // NoRetry: no delayed retries
 		}
 	}
-	if cfg.DeadLetterQueue == nil && p.DLQ != "" {
-		dlq := p.DLQ
+	if cfg.DeadLetterQueue == nil {
+		dlq := p.DLQ // "" when the topology has none
 		cfg.DeadLetterQueue = func(string) string { return dlq }
 	}
 	if cfg.DeliveryLimit == 0 {
@@ -107,6 +132,9 @@ func (c *Config) defaults() {
 	if c.ErrorTextLimit <= 0 {
 		c.ErrorTextLimit = 1024
 	}
+	if c.ErrorTextLimit > MaxErrorTextLimit {
+		c.ErrorTextLimit = MaxErrorTextLimit
+	}
 	if c.PublishTimeout <= 0 {
 		c.PublishTimeout = 30 * time.Second
 	}
@@ -121,18 +149,101 @@ func (c *Config) defaults() {
 	}
 }
 
-// Policy returns the failure-policy middleware. Install it outside the
-// dedup guard and the inbox (so their Requeue and Reject errors reach it).
+// ErrConfig is wrapped by every error [Config.Validate] returns.
+var ErrConfig = errors.New("retry: invalid configuration")
+
+// Validate reports a configuration whose republishes could never succeed,
+// so it fails at startup rather than at the first failed delivery: a
+// non-positive delay, and — when Plan is set ([ForTopology]) — a delay
+// without its retry queue in the topology, or a dead-letter queue other
+// than the topology's (including one when the topology has none). It
+// cannot see the broker: a queue deleted later is handled at run time
+// (the delivery is rejected to the broker, never looped).
+func (c Config) Validate() error {
+	c.defaults()
+	var errs []error
+	for i, d := range c.Delays {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("Delays[%d] = %v: a delay must be positive", i, d))
+		}
+	}
+	if p := c.Plan; p != nil {
+		have := map[string]bool{}
+		names := make([]string, 0, len(p.Retries))
+		for _, r := range p.Retries {
+			have[r.Name] = true
+			names = append(names, r.Name)
+		}
+		for _, d := range c.Delays {
+			if d <= 0 {
+				continue
+			}
+			if q := c.RetryQueue(p.Queue, d); !have[q] {
+				errs = append(errs, fmt.Errorf("delay %v needs retry queue %q, which the topology of %q does not declare (its retry queues: %v); add %v to its retry_delays or drop it from Delays",
+					d, q, p.Queue, names, d))
+			}
+		}
+		switch dlq := c.DeadLetterQueue(p.Queue); {
+		case dlq == p.DLQ:
+		case p.DLQ == "":
+			errs = append(errs, fmt.Errorf("dead-letter queue %q: the topology of %q declares none (dlq: \"-\")", dlq, p.Queue))
+		default:
+			errs = append(errs, fmt.Errorf("dead-letter queue %q: the topology of %q declares %q", dlq, p.Queue, p.DLQ))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+}
+
+// NewPolicy validates cfg ([Config.Validate]) and returns the
+// failure-policy middleware; prefer it to [Policy], which does not check.
+func NewPolicy(cfg Config) (idemq.Middleware, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return Policy(cfg), nil
+}
+
+// Policy returns the failure-policy middleware without validating cfg (see
+// [NewPolicy]). Install it outside the dedup guard and the inbox (so their
+// Requeue and Reject errors reach it).
 func Policy(cfg Config) idemq.Middleware {
 	cfg.defaults()
+	var pub publishFunc
+	if cfg.Publisher != nil {
+		pub = cfg.Publisher.Publish
+	}
 	return func(next idemq.Handler) idemq.Handler {
-		return &policy{cfg: cfg, next: next}
+		return &policy{cfg: cfg, next: next, pub: pub}
 	}
 }
+
+// publishFunc publishes with confirms ([idemq.Publisher.Publish]).
+type publishFunc func(ctx context.Context, m idemq.Message) error
 
 type policy struct {
 	cfg  Config
 	next idemq.Handler
+	pub  publishFunc // nil without a Publisher
+}
+
+// unpublishable reports whether a republish error is one no wait can fix:
+// the target queue does not exist, the message has no valid ID, its
+// headers cannot be encoded or do not fit the frame size.
+func unpublishable(err error) bool {
+	return errors.Is(err, idemq.ErrUnroutable) || errors.Is(err, idemq.ErrMissingMessageID) ||
+		errors.Is(err, idemq.ErrInvalidMessageID) || errors.Is(err, idemq.ErrInvalidHeaders) ||
+		errors.Is(err, idemq.ErrMessageTooLarge)
+}
+
+// idReason is the dead-letter reason of an invalid message ID.
+func idReason(err error) string {
+	if errors.Is(err, idemq.ErrMissingMessageID) {
+		return idemq.ReasonMissingID
+	}
+	return idemq.ReasonInvalidID
 }
 
 func (p *policy) run(ctx context.Context, d *idemq.Delivery) (err error) {
@@ -145,6 +256,7 @@ func (p *policy) run(ctx context.Context, d *idemq.Delivery) (err error) {
 }
 
 func (p *policy) Handle(ctx context.Context, d *idemq.Delivery) error {
+	stripForged(d)
 	if p.cfg.DeliveryLimit > 0 {
 		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(p.cfg.DeliveryLimit) {
 			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, p.cfg.DeliveryLimit)
@@ -200,8 +312,16 @@ func (p *policy) delay(attempt int) time.Duration {
 // retry republishes to the retry queue of attempt and returns nil once
 // confirmed.
 func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, attempt int) error {
-	if p.cfg.Publisher == nil {
+	if p.pub == nil {
 		return cause
+	}
+	if err := idemq.ValidateID(republishID(d)); err != nil {
+		// A retry must come back under the same ID (the dedup guard keys
+		// on it); without a valid one no republish can succeed, and a new
+		// ID would make it another message. Dead-letter it now.
+		p.cfg.Logger.Error("idemq/retry: delivery has no valid message ID; dead-lettering instead of retrying",
+			"queue", d.Queue, "attempt", attempt, "err", err)
+		return p.deadLetter(ctx, d, idReason(err), fmt.Errorf("%w (not retried: %w)", cause, err), attempt)
 	}
 	now := p.cfg.Now()
 	delay := p.delay(attempt)
@@ -209,14 +329,15 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 	h[HeaderAttempt] = int64(attempt + 1)
 	q := p.cfg.RetryQueue(d.Queue, delay)
 	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
-		if errors.Is(err, idemq.ErrUnroutable) {
+		if unpublishable(err) {
 			// The retry queue does not exist (Delays and the declared
-			// topology disagree): waiting would not help, and requeueing
-			// would loop. Dead-letter it with the reason handler-error.
-			p.cfg.Logger.Error("idemq/retry: retry queue missing; dead-lettering instead (declare it with topology.Declare)",
+			// topology disagree), or the message cannot be sent as it is:
+			// waiting would not help, and requeueing would loop.
+			// Dead-letter it with the reason handler-error.
+			p.cfg.Logger.Error("idemq/retry: cannot republish to the retry queue, ever; dead-lettering instead (declare it with topology.Declare)",
 				"message_id", d.MessageID, "retry_queue", q, "err", err)
 			return p.deadLetter(ctx, d, idemq.ReasonHandlerError,
-				fmt.Errorf("%w (not retried: retry queue %q is missing)", cause, q), attempt)
+				fmt.Errorf("%w (not retried: retry queue %q: %w)", cause, q, err), attempt)
 		}
 		p.cfg.Logger.Error("idemq/retry: cannot republish to the retry queue; the delivery comes back later",
 			"message_id", d.MessageID, "retry_queue", q, "err", err)
@@ -241,8 +362,14 @@ func (p *policy) roomToRequeue(d *idemq.Delivery) bool {
 }
 
 func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.RequeueError, cause error) error {
-	if p.cfg.Publisher == nil || (rq.InPlace && p.roomToRequeue(d)) {
+	if p.pub == nil || (rq.InPlace && p.roomToRequeue(d)) {
 		return cause // the consumer requeues it after rq.After
+	}
+	if idemq.ValidateID(republishID(d)) != nil {
+		// Cannot be republished under its own ID: it waits in place (the
+		// inner layer decides when the deferral ends; a quorum queue's
+		// DeliveryLimit bounds it).
+		return cause
 	}
 	// In place with its delivery count spent: republished to the work
 	// queue itself, which starts the count again; the next deferrals are in
@@ -264,10 +391,20 @@ func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.Reque
 	}
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
+	h[HeaderQueue] = d.Queue // with x-idemq-requeues: the marker of idemq's own path
 	n, _ := Int(h[HeaderRequeues])
 	h[HeaderRequeues] = n + 1
+	bound(h, p.cfg.ErrorTextLimit)
 	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
-		p.cfg.Logger.Warn("idemq/retry: cannot republish a requeued delivery; the consumer requeues it",
+		// Not an attempt: whatever the error, the delivery waits in place
+		// and the inner layer decides again when it comes back (it ends
+		// when the lease or the outage does; DeliveryLimit bounds it on a
+		// quorum queue). Never dead-lettered for a deferral.
+		lvl := slog.LevelWarn
+		if unpublishable(err) {
+			lvl = slog.LevelError
+		}
+		p.cfg.Logger.Log(ctx, lvl, "idemq/retry: cannot republish a requeued delivery; the consumer requeues it in place",
 			"message_id", d.MessageID, "queue", q, "err", err)
 		return cause
 	}
@@ -278,7 +415,18 @@ func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.Reque
 }
 
 func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason string, cause error, attempts int) error {
-	if p.cfg.Publisher == nil {
+	q := p.cfg.DeadLetterQueue(d.Queue)
+	if q == "" {
+		// No dead-letter queue (topology dlq: "-"): "no DLQ" means no DLQ.
+		// The consumer rejects it; the broker drops it unless the work
+		// queue has a dead-letter exchange of its own.
+		idemq.RecorderFrom(ctx).Add(CountNoDeadLetterQueue, 1)
+		p.cfg.Logger.Warn("idemq/retry: delivery failed for good and there is no dead-letter queue; rejecting it to the broker",
+			"message_id", d.MessageID, "queue", d.Queue, "reason", reason, "attempts", attempts,
+			"err", Truncate(errText(cause), p.cfg.ErrorTextLimit))
+		return idemq.Reject(reason, cause)
+	}
+	if p.pub == nil {
 		return idemq.Reject(reason, cause)
 	}
 	now := p.cfg.Now()
@@ -287,15 +435,37 @@ func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason strin
 	h[HeaderReason] = reason
 	h[HeaderAttempts] = int64(attempts)
 	h[HeaderDeadLetteredAt] = now.UTC().Format(TimeFormat)
-	q := p.cfg.DeadLetterQueue(d.Queue)
 	msg := republish(d, "", q, h)
 	if idemq.ValidateID(msg.ID) != nil {
 		if d.MessageID != "" {
-			h[HeaderOriginalMessageID] = Truncate(d.MessageID, 4096)
+			h[HeaderOriginalMessageID] = Truncate(d.MessageID, maxOriginalIDText)
 		}
 		msg.ID = idemq.NewMessageID()
 	}
-	if err := p.publish(ctx, msg); err != nil {
+	err := p.publish(ctx, msg)
+	if errors.Is(err, idemq.ErrMessageTooLarge) {
+		// The message's own headers leave no room for idemq's: dead-letter
+		// it with only the reason and the attempt count.
+		p.cfg.Logger.Warn("idemq/retry: dead letter too large with idemq's headers; sending it without them",
+			"message_id", d.MessageID, "dlq", q, "reason", reason, "err", err)
+		mh := minimalHeaders(d.Headers, reason, attempts)
+		if v, ok := h[HeaderOriginalMessageID]; ok {
+			mh[HeaderOriginalMessageID] = v
+		}
+		msg.Headers = mh
+		err = p.publish(ctx, msg)
+	}
+	if err != nil {
+		if unpublishable(err) {
+			// The dead-letter queue is gone, or the message cannot be sent
+			// even without idemq's headers: no wait can fix it. Reject it
+			// to the broker (its dead-letter exchange, if any, takes it),
+			// never requeue it in a loop.
+			idemq.RecorderFrom(ctx).Add(CountUnpublishable, 1)
+			p.cfg.Logger.Error("idemq/retry: cannot publish the dead letter, ever; rejecting the delivery to the broker",
+				"message_id", d.MessageID, "queue", d.Queue, "dlq", q, "reason", reason, "attempts", attempts, "err", err)
+			return idemq.Reject(reason, fmt.Errorf("%w; dead letter to %q not published: %w", cause, q, err))
+		}
 		p.cfg.Logger.Error("idemq/retry: cannot publish the dead letter; the delivery comes back later",
 			"message_id", d.MessageID, "dlq", q, "reason", reason, "err", err)
 		return idemq.Requeue(p.cfg.PublishRetryAfter, "retry-publish-failed", err)
@@ -310,7 +480,7 @@ func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason strin
 func (p *policy) publish(ctx context.Context, m idemq.Message) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)
 	defer cancel()
-	return p.cfg.Publisher.Publish(ctx, m)
+	return p.pub(ctx, m)
 }
 
 func (p *policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) amqp.Table {
@@ -327,6 +497,7 @@ func (p *policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) a
 		h[HeaderGroup] = d.Group
 	}
 	h[HeaderQueue] = d.Queue
+	bound(h, p.cfg.ErrorTextLimit)
 	return h
 }
 
@@ -357,6 +528,9 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// republishID is the ID a republish of d carries (see republish).
+func republishID(d *idemq.Delivery) string { return republish(d, "", "", nil).ID }
+
 // republish builds the message that carries d to exchange/key with headers h.
 func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Message {
 	return idemq.Message{
@@ -375,3 +549,16 @@ func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Mess
 		Timestamp:       d.Timestamp,
 	}
 }
+
+// Counter names the policy records (besides idemq.CountRetried and
+// idemq.CountDeadLettered).
+const (
+	// CountUnpublishable: deliveries rejected to the broker (nack without
+	// requeue) because no republish could ever succeed — the dead-letter
+	// queue does not exist, the headers cannot be encoded or do not fit
+	// the frame size.
+	CountUnpublishable = "retry_unpublishable"
+	// CountNoDeadLetterQueue: failed deliveries rejected to the broker
+	// because the policy has no dead-letter queue (topology dlq: "-").
+	CountNoDeadLetterQueue = "retry_no_dlq"
+)

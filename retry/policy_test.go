@@ -490,33 +490,6 @@ func TestRequeueInPlaceRepublishesNearTheDeliveryLimit(t *testing.T) {
 	}
 }
 
-// A dead letter whose publish fails (its queue is missing) is not acked:
-// the delivery stays and is dead-lettered once the queue exists.
-func TestDeadLetterPublishFailureKeepsTheDelivery(t *testing.T) {
-	p := declare(t, topology.Queue{NoRetry: true})
-	testenv.DeleteQueue(p.DLQ)
-	var c calls
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: []time.Duration{}, PublishRetryAfter: 50 * time.Millisecond},
-		func(ctx context.Context, d *idemq.Delivery) error {
-			c.add(d)
-			return idemq.Permanent(errors.New("bad"))
-		})
-	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "keep-1"})
-	testenv.Eventually(t, wait, "several failed dead-letter attempts", func() bool { return c.n() >= 3 })
-	ch := testenv.Channel(t)
-	if _, err := ch.QueueDeclare(p.DLQ, true, false, false, false, p.DLQArgs); err != nil {
-		t.Fatal(err)
-	}
-	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if dl.MessageId != "keep-1" || hs(dl.Headers, retry.HeaderReason) != idemq.ReasonPermanent {
-		t.Fatalf("dead letter %q reason %q", dl.MessageId, hs(dl.Headers, retry.HeaderReason))
-	}
-	testenv.Eventually(t, wait, "work queue empty", func() bool {
-		n, _ := testenv.QueueCounts(t, p.Queue)
-		return n == 0
-	})
-}
-
 // Without a publisher the policy returns the error: the consumer rejects and
 // the work queue's dead-letter arguments route it to the DLQ.
 func TestNoPublisherFallsBackToBrokerDeadLettering(t *testing.T) {

@@ -25,6 +25,16 @@
 //	                       message in one delay queue has the same TTL, so
 //	                       expiry at the head of the queue is exact.
 //
+// [Topology.Validate] (run by [Load] and [Declare]) refuses what would
+// declare something other than what the plan says: x-queue-type in args
+// contradicting type, the dead-letter and delivery-limit arguments the plan
+// computes itself, a dlq that is the queue itself or another work queue,
+// integer arguments (x-message-ttl, x-max-length, …) given as strings such
+// as "1h", delivery_limit on a classic queue, names over 255 bytes. Load
+// also refuses a second YAML document. dlq: "-" means no dead-letter queue:
+// [Plan.Notes] says so (a delivery that fails for good is rejected and the
+// broker drops it).
+//
 // A PRECONDITION_FAILED (406) from the broker because a queue already exists
 // with other arguments becomes a [*MismatchError] naming the queue and the
 // arguments that were asked for. The broker closes the channel on a 406;

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -120,6 +122,7 @@ type Plan struct {
 	DLQ           string     // "" when disabled
 	DLQArgs       amqp.Table
 	DeliveryLimit int             // effective x-delivery-limit (0: none)
+	Notes         []string        // what the plan means where it is not obvious (no DLQ, no limit)
 	Delays        []time.Duration // in attempt order (may repeat)
 	Retries       []RetryQueue    // one per distinct delay, ascending
 }
@@ -148,10 +151,16 @@ func ForQueue(q Queue) Plan {
 	if typ == "" {
 		typ = Classic
 	}
-	p := Plan{Queue: q.Name, Type: typ, Args: amqp.Table{ArgQueueType: string(typ)}}
+	p := Plan{Queue: q.Name, Type: typ, Args: amqp.Table{}}
 	for k, v := range q.Args {
 		p.Args[k] = normalise(v)
 	}
+	// What the plan computes always wins over Args (Validate rejects a
+	// contradiction; this keeps the plan true for an unvalidated Queue).
+	p.Args[ArgQueueType] = string(typ)
+	delete(p.Args, ArgDLX)
+	delete(p.Args, ArgDLRoutingKey)
+	delete(p.Args, ArgDeliveryLimit)
 	switch q.DLQ {
 	case "-":
 	case "":
@@ -173,7 +182,12 @@ func ForQueue(q Queue) Plan {
 		}
 		if p.DeliveryLimit > 0 {
 			p.Args[ArgDeliveryLimit] = int64(p.DeliveryLimit)
+		} else {
+			p.Notes = append(p.Notes, "no x-delivery-limit (delivery_limit < 0): nothing at the broker bounds a redelivery loop")
 		}
+	}
+	if p.DLQ == "" {
+		p.Notes = append(p.Notes, `no dead-letter queue (dlq: "-"): a delivery that fails for good is rejected (nack without requeue) and the broker drops it`)
 	}
 	p.Delays = q.EffectiveDelays()
 	seen := map[time.Duration]bool{}
@@ -222,39 +236,199 @@ func (t Topology) Queue(name string) (Queue, bool) {
 	return Queue{}, false
 }
 
-// Validate checks names, types and delays.
+// MaxNameLength is the longest queue or exchange name AMQP allows, in bytes.
+const MaxNameLength = 255
+
+// reservedArgs are work-queue arguments the plan computes itself; Args
+// must not set them (x-queue-type may repeat Type).
+var reservedArgs = map[string]string{
+	ArgDLX:           `use dlq (dlq: "-" for none)`,
+	ArgDLRoutingKey:  `use dlq (dlq: "-" for none)`,
+	ArgDeliveryLimit: "use delivery_limit",
+}
+
+// intArgs are arguments the broker reads as a non-negative integer (times
+// in milliseconds, lengths, sizes). A string such as "1h" reaches the
+// broker as a string, which it ignores or refuses.
+var intArgs = map[string]string{
+	ArgMessageTTL:                 "an integer number of milliseconds",
+	"x-expires":                   "an integer number of milliseconds",
+	"x-max-length":                "an integer",
+	"x-max-length-bytes":          "an integer number of bytes",
+	"x-max-priority":              "an integer",
+	"x-max-in-memory-length":      "an integer",
+	"x-max-in-memory-bytes":       "an integer number of bytes",
+	"x-quorum-initial-group-size": "an integer",
+}
+
+func isInt(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int:
+		return int64(x), true
+	case int8:
+		return int64(x), true
+	case int16:
+		return int64(x), true
+	case int32:
+		return int64(x), true
+	case int64:
+		return x, true
+	case uint8:
+		return int64(x), true
+	case uint16:
+		return int64(x), true
+	case uint32:
+		return int64(x), true
+	case uint:
+		if uint64(x) > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(x), true
+	case uint64:
+		if x > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(x), true
+	}
+	return 0, false
+}
+
+// validateArgs checks arguments the broker will be sent: encodable, and the
+// integer ones integers.
+func validateArgs(where string, args map[string]any) []error {
+	var errs []error
+	keys := make([]string, 0, len(args))
+	for k := range args {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := args[k]
+		if want, ok := intArgs[k]; ok {
+			if n, ok := isInt(v); !ok || n < 0 {
+				errs = append(errs, fmt.Errorf("%s: args %s must be %s >= 0, got %T %v", where, k, want, v, v))
+				continue
+			}
+		}
+		if err := (amqp.Table{k: normalise(v)}).Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: args %s: the broker cannot be sent %T %v: %w", where, k, v, v, err))
+		}
+	}
+	return errs
+}
+
+func validateName(kind, name string) error {
+	if len(name) > MaxNameLength {
+		return fmt.Errorf("%s %s: name is %d bytes, at most %d bytes allowed", kind, quoteName(name), len(name), MaxNameLength)
+	}
+	return nil
+}
+
+// quoteName quotes a name for an error message, shortened when long.
+func quoteName(n string) string {
+	if len(n) > 64 {
+		return fmt.Sprintf("%.48q…(%d bytes)", n, len(n))
+	}
+	return fmt.Sprintf("%q", n)
+}
+
+// Validate checks names, types, delays, arguments and the failure flow of
+// every queue: a contradiction between type and args, arguments the plan
+// computes itself, a dead-letter queue that is the queue itself or another
+// work queue, integer arguments given as strings or fractions.
 func (t Topology) Validate() error {
 	var errs []error
 	exchanges := map[string]bool{"": true, "amq.direct": true, "amq.fanout": true, "amq.topic": true, "amq.headers": true, "amq.match": true}
+	declared := map[string]bool{}
 	for i, e := range t.Exchanges {
 		if e.Name == "" {
 			errs = append(errs, fmt.Errorf("exchanges[%d]: name is required", i))
+		}
+		if declared[e.Name] && e.Name != "" {
+			errs = append(errs, fmt.Errorf("exchange %q: declared twice", e.Name))
+		}
+		declared[e.Name] = true
+		if err := validateName("exchange", e.Name); err != nil {
+			errs = append(errs, err)
 		}
 		switch e.Type {
 		case "", amqp.ExchangeDirect, amqp.ExchangeFanout, amqp.ExchangeTopic, amqp.ExchangeHeaders:
 		default:
 			errs = append(errs, fmt.Errorf("exchange %q: unknown type %q", e.Name, e.Type))
 		}
+		errs = append(errs, validateArgs(fmt.Sprintf("exchange %q", e.Name), e.Args)...)
 		exchanges[e.Name] = true
 	}
 	queues := map[string]bool{}
+	for _, q := range t.Queues {
+		queues[q.Name] = true
+	}
+	seen := map[string]bool{}
 	for i, q := range t.Queues {
 		if q.Name == "" {
 			errs = append(errs, fmt.Errorf("queues[%d]: name is required", i))
 			continue
 		}
-		if queues[q.Name] {
-			errs = append(errs, fmt.Errorf("queue %q: declared twice", q.Name))
+		where := "queue " + quoteName(q.Name)
+		if seen[q.Name] {
+			errs = append(errs, fmt.Errorf("%s: declared twice", where))
 		}
-		queues[q.Name] = true
-		switch q.Type {
-		case "", Classic, Quorum:
+		seen[q.Name] = true
+		if strings.HasPrefix(q.Name, "amq.") {
+			errs = append(errs, fmt.Errorf("%s: names starting with \"amq.\" are reserved by the broker", where))
+		}
+		typ := q.Type
+		switch typ {
+		case "":
+			typ = Classic
+		case Classic, Quorum:
 		default:
-			errs = append(errs, fmt.Errorf("queue %q: unknown type %q (classic or quorum)", q.Name, q.Type))
+			errs = append(errs, fmt.Errorf("%s: unknown type %q (classic or quorum)", where, q.Type))
 		}
 		for _, d := range q.RetryDelays {
 			if d <= 0 {
-				errs = append(errs, fmt.Errorf("queue %q: retry delay %v must be positive", q.Name, d))
+				errs = append(errs, fmt.Errorf("%s: retry delay %v must be positive", where, d))
+			}
+		}
+		if q.NoRetry && len(q.RetryDelays) > 0 {
+			errs = append(errs, fmt.Errorf("%s: no_retry and retry_delays are both set; keep one", where))
+		}
+		if typ != Quorum && q.DeliveryLimit != 0 {
+			errs = append(errs, fmt.Errorf("%s: delivery_limit applies to quorum queues only (set type: quorum, or drop it)", where))
+		}
+		if v, ok := q.Args[ArgQueueType]; ok {
+			if sv, _ := v.(string); sv != string(typ) {
+				errs = append(errs, fmt.Errorf("%s: args x-queue-type %q contradicts type %q; set type: %v and drop the argument", where, fmt.Sprint(v), typ, v))
+			}
+		}
+		keys := make([]string, 0, len(q.Args))
+		for k := range q.Args {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if hint, ok := reservedArgs[k]; ok {
+				errs = append(errs, fmt.Errorf("%s: args %s is set by idemq's topology itself; %s", where, k, hint))
+			}
+		}
+		errs = append(errs, validateArgs(where, q.Args)...)
+		switch {
+		case q.DLQ == q.Name:
+			errs = append(errs, fmt.Errorf("%s: dlq %q is its own name: dead letters would come straight back; name another queue, or dlq: \"-\" for none", where, q.DLQ))
+		case q.DLQ != "" && q.DLQ != "-" && queues[q.DLQ]:
+			errs = append(errs, fmt.Errorf("%s: dlq %q is a work queue of this topology: dead letters would be consumed as work", where, q.DLQ))
+		case q.DLQ != "" && q.DLQ != "-" && strings.HasPrefix(q.DLQ, "amq."):
+			errs = append(errs, fmt.Errorf("%s: dlq %q: names starting with \"amq.\" are reserved by the broker", where, q.DLQ))
+		}
+		p := ForQueue(q)
+		for _, n := range append([]string{p.Queue, p.DLQ}, retryNames(p)...) {
+			if err := validateName("queue", n); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", where, err))
+			}
+		}
+		for _, r := range p.Retries {
+			if r.Name == p.DLQ {
+				errs = append(errs, fmt.Errorf("%s: dlq %q is one of its retry queues", where, q.DLQ))
 			}
 		}
 	}
@@ -266,8 +440,17 @@ func (t Topology) Validate() error {
 		if !exchanges[b.Exchange] {
 			errs = append(errs, fmt.Errorf("binding %s -> %s: exchange %q is not declared", b.Exchange, b.Queue, b.Exchange))
 		}
+		errs = append(errs, validateArgs(fmt.Sprintf("binding %s -> %s", b.Exchange, b.Queue), b.Args)...)
 	}
 	return errors.Join(errs...)
+}
+
+func retryNames(p Plan) []string {
+	out := make([]string, len(p.Retries))
+	for i, r := range p.Retries {
+		out[i] = r.Name
+	}
+	return out
 }
 
 // Load reads a YAML topology (unknown fields are errors) and validates it.
@@ -282,6 +465,11 @@ func Load(r io.Reader) (Topology, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&t); err != nil && !errors.Is(err, io.EOF) {
 		return Topology{}, fmt.Errorf("topology: parse YAML: %w", err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		// A second document ("---") would be silently ignored.
+		return Topology{}, errors.New("topology: parse YAML: more than one YAML document (---); put every exchange, queue and binding in one")
 	}
 	if err := t.Validate(); err != nil {
 		return Topology{}, fmt.Errorf("topology: invalid: %w", err)

@@ -210,3 +210,78 @@ func TestQuorumDeliveryLimitBackstop(t *testing.T) {
 		t.Fatalf("%d returns with x-delivery-limit 1", returns)
 	}
 }
+
+// Each YAML mistake that used to be accepted (and declared something other
+// than what the plan, the retry policy and the operator believed) is now
+// rejected with an error that says what to write instead.
+func TestLoadRejectsInconsistentQueues(t *testing.T) {
+	long := strings.Repeat("n", 250)
+	bad := []struct{ name, yaml, want string }{
+		{"args x-queue-type overrides type", "queues:\n  - name: a\n    args: {x-queue-type: quorum}\n", `x-queue-type "quorum" contradicts type "classic"`},
+		{"args x-queue-type conflicts", "queues:\n  - name: a\n    type: quorum\n    args: {x-queue-type: classic}\n", `contradicts type "quorum"`},
+		{"args dead-letter exchange", "queues:\n  - name: a\n    args: {x-dead-letter-exchange: elsewhere}\n", "use dlq"},
+		{"args dead-letter routing key", "queues:\n  - name: a\n    args: {x-dead-letter-routing-key: b}\n", "use dlq"},
+		{"args delivery limit", "queues:\n  - name: a\n    type: quorum\n    args: {x-delivery-limit: 3}\n", "use delivery_limit"},
+		{"second document", "queues:\n  - name: a\n---\nqueues:\n  - name: b\n", "more than one YAML document"},
+		{"dlq is the queue itself", "queues:\n  - name: a\n    dlq: a\n", "its own name"},
+		{"dlq is another work queue", "queues:\n  - name: a\n    dlq: b\n  - name: b\n", "is a work queue"},
+		{"ttl as a duration string", "queues:\n  - name: a\n    args: {x-message-ttl: 1h}\n", "integer number of milliseconds"},
+		{"ttl as a float", "queues:\n  - name: a\n    args: {x-message-ttl: 1.5}\n", "integer number of milliseconds"},
+		{"ttl negative", "queues:\n  - name: a\n    args: {x-message-ttl: -1}\n", "integer number of milliseconds"},
+		{"max-length as a string", "queues:\n  - name: a\n    args: {x-max-length: \"1000\"}\n", "x-max-length"},
+		{"delivery limit on a classic queue", "queues:\n  - name: a\n    delivery_limit: 5\n", "quorum queues only"},
+		{"no_retry with retry_delays", "queues:\n  - name: a\n    no_retry: true\n    retry_delays: [1s]\n", "no_retry"},
+		{"amq. prefix", "queues:\n  - name: amq.work\n", "reserved"},
+		{"derived name too long", "queues:\n  - name: " + long + "\n", "255 bytes"},
+		{"arg the broker cannot take", "queues:\n  - name: a\n    args: {x-custom: {1: 2}}\n", "x-custom"},
+		{"exchange twice", "exchanges:\n  - name: e\n  - name: e\n", "declared twice"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := topology.Load(strings.NewReader(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want it to mention %q", err, tt.want)
+			}
+			t.Log(err)
+		})
+	}
+	good := []struct {
+		name, yaml string
+		check      func(p topology.Plan) bool
+	}{
+		{"x-queue-type equal to type", "queues:\n  - name: a\n    type: quorum\n    args: {x-queue-type: quorum}\n",
+			func(p topology.Plan) bool {
+				return p.Type == topology.Quorum && p.DeliveryLimit == topology.DefaultDeliveryLimit
+			}},
+		{"ttl in milliseconds", "queues:\n  - name: a\n    args: {x-message-ttl: 3600000}\n",
+			func(p topology.Plan) bool { return p.Args[topology.ArgMessageTTL] == int64(3600000) }},
+		{"no DLQ is said out loud", "queues:\n  - name: a\n    dlq: \"-\"\n",
+			func(p topology.Plan) bool {
+				return p.DLQ == "" && len(p.Notes) == 1 && strings.Contains(p.Notes[0], "no dead-letter queue")
+			}},
+	}
+	for _, tt := range good {
+		t.Run(tt.name, func(t *testing.T) {
+			top, err := topology.Load(strings.NewReader(tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := topology.ForQueue(top.Queues[0]); !tt.check(p) {
+				t.Fatalf("plan %+v", p)
+			}
+		})
+	}
+}
+
+// Built in Go rather than YAML, a queue's own Args never override what
+// the plan computes (type, dead-lettering, delivery limit).
+func TestForQueueComputedArgsWin(t *testing.T) {
+	p := topology.ForQueue(topology.Queue{Name: "a", Args: map[string]any{
+		topology.ArgQueueType: "quorum", topology.ArgDLRoutingKey: "x", topology.ArgDeliveryLimit: 99}})
+	if p.Args[topology.ArgQueueType] != "classic" || p.Args[topology.ArgDLRoutingKey] != "a.dlq" || p.Args[topology.ArgDeliveryLimit] != nil {
+		t.Fatalf("args %v", p.Args)
+	}
+	if err := (topology.Topology{Queues: []topology.Queue{{Name: "a", Args: map[string]any{topology.ArgQueueType: "quorum"}}}}).Validate(); err == nil {
+		t.Fatal("Validate accepted the contradiction")
+	}
+}

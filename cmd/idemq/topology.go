@@ -125,6 +125,9 @@ func describeTopology(t topology.Topology) []appliedObject {
 		if len(p.Delays) > 0 {
 			info += ", retries " + durations(p.Delays)
 		}
+		for _, n := range p.Notes {
+			info += "; " + n
+		}
 		out = append(out, appliedObject{Kind: "queue", Name: p.Queue, Info: info})
 	}
 	for _, b := range t.Bindings {
