@@ -177,6 +177,10 @@ type dlqConn struct {
 }
 
 func openDLQ(rawURL string) (*dlqConn, error) {
+	if _, err := amqp.ParseURI(rawURL); err != nil {
+		// amqp091-go's parse error quotes the URL, password included.
+		return nil, fmt.Errorf("invalid AMQP URL %s: want amqp[s]://user:password@host:port/vhost", redactURL(rawURL))
+	}
 	conn, err := amqp.Dial(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", redactURL(rawURL), err)
