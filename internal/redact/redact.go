@@ -109,14 +109,16 @@ func DSN(raw string) string {
 
 // Secrets returns the secret values DSN finds in raw (raw, unquoted and
 // percent-decoded spellings), for scrubbing their literal occurrences from
-// text [DSN] never saw (a driver's error message).
+// text [DSN] never saw (a driver's error message). A value the redacted
+// DSN shows anyway (a password equal to the user name) is left out:
+// scrubbing it would mangle every word it appears in and hide nothing.
 func Secrets(raw string) []string {
 	var c collector
-	dsnOf(raw, &c)
+	red := dsnOf(raw, &c)
 	seen := map[string]bool{}
 	out := c[:0]
 	for _, s := range c {
-		if s != "" && s != Mask && !seen[s] {
+		if s != "" && s != Mask && !seen[s] && !strings.Contains(red, s) {
 			seen[s] = true
 			out = append(out, s)
 		}
@@ -484,14 +486,15 @@ func valueEnd(s string, i int) int {
 }
 
 // Scrub replaces every literal occurrence of each secret in s with [Mask]
-// (secrets of fewer than 2 bytes are left alone: masking them would mangle
-// the text).
+// (secrets of fewer than 4 bytes are left alone: masking them would mangle
+// the text; the structural redaction still hides them where it knows them).
 func Scrub(s string, secrets []string) string {
+	const minScrub = 4
 	secrets = slices.Clone(secrets)
 	// Longest first: a secret that holds another is replaced whole.
 	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	for _, sec := range secrets {
-		if len(sec) >= 2 {
+		if len(sec) >= minScrub {
 			s = strings.ReplaceAll(s, sec, Mask)
 		}
 	}

@@ -115,6 +115,20 @@ func TestText(t *testing.T) {
 	}
 }
 
+// TestSecretsShownAnywayNotScrubbed: a password equal to the user name is
+// shown by the redacted URL anyway; scrubbing it would mangle every word.
+func TestSecretsShownAnywayNotScrubbed(t *testing.T) {
+	if s := Secrets("amqp://idemq:idemq@h/"); len(s) != 0 {
+		t.Fatalf("Secrets = %q", s)
+	}
+	if got := Scrub("idemq relay starting", Secrets("amqp://idemq:idemq@h/")); got != "idemq relay starting" {
+		t.Fatalf("Scrub = %q", got)
+	}
+	if got := Scrub("auth failed for pw Pl4nted", Secrets("postgres://u:Pl4nted@h/db")); got != "auth failed for pw xxxxx" {
+		t.Fatalf("Scrub = %q", got)
+	}
+}
+
 func TestSecretKey(t *testing.T) {
 	for _, k := range []string{"password", "PASSWORD", "sslpassword", "pwd", "passfile", "access_token", "token", "secret", "client_secret", "key", "api-key", "apiKey", "auth", "sig", "_auth_pass", "X-Api-Key"} {
 		if !SecretKey(k) {
@@ -188,7 +202,7 @@ func FuzzRedactDSN(f *testing.F) {
 			t.Fatalf("Text(%q) = %q shows the password", in, got)
 		}
 		for _, sec := range Secrets(in) {
-			if got := Scrub(in, Secrets(in)); len(sec) >= 2 && strings.Contains(got, sec) {
+			if got := Scrub(in, Secrets(in)); len(sec) >= 4 && strings.Contains(got, sec) {
 				t.Fatalf("Scrub(%q, Secrets) = %q shows the secret %q", in, got, sec)
 			}
 		}
