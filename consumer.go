@@ -233,7 +233,7 @@ type job struct {
 // session runs one connection's lifetime. It reports whether the consume was
 // established (to reset the backoff) and why it ended.
 func (c *Consumer) session(ctx context.Context) (bool, error) {
-	conn, err := c.cfg.Dial(c.cfg.URL, amqp.Config{
+	conn, err := dialRedacted(c.cfg.Dial, c.cfg.URL, amqp.Config{
 		Heartbeat:  c.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq consumer " + c.cfg.ConsumerTag},

@@ -187,7 +187,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 }
 
 func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
-	conn, err := p.cfg.Dial(p.cfg.URL, amqp.Config{
+	conn, err := dialRedacted(p.cfg.Dial, p.cfg.URL, amqp.Config{
 		Heartbeat:  p.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq publisher"},

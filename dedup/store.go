@@ -110,6 +110,22 @@ type Inspector interface {
 	Forget(ctx context.Context, key string) error
 }
 
+// IdleForgetter is implemented by stores that can forget a record unless a
+// consumer holds a live lease on it, in one atomic step (`idemq keys forget`
+// uses it: a check then a delete would let a claim slip in between, and
+// deleting a live lease lets a concurrent duplicate run).
+type IdleForgetter interface {
+	// ForgetIdle deletes key's record unless it is processing with a live
+	// lease. It returns the record it found (found=false: there was none).
+	// For a live lease it deletes nothing and returns the record and an
+	// error wrapping [ErrLeaseHeld].
+	ForgetIdle(ctx context.Context, key string) (rec Record, found bool, err error)
+}
+
+// ErrLeaseHeld: [IdleForgetter.ForgetIdle] found a live processing lease and
+// deleted nothing.
+var ErrLeaseHeld = errors.New("dedup: a live lease holds the record")
+
 // State of a record.
 type State string
 

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/deadletter"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
@@ -211,7 +212,7 @@ func TestDLQReplayRateAndLimit(t *testing.T) {
 	if elapsed < 200*time.Millisecond {
 		t.Fatalf("3 messages at 10/s took %v, want >= 200ms", elapsed)
 	}
-	if !strings.Contains(out, "replayed 3, skipped 0 (filters), failed 0") {
+	if !strings.Contains(out, "replayed 3, duplicates dropped 0, skipped 0 (filters), failed 0") {
 		t.Fatalf("output %q", out)
 	}
 	got := testenv.Drain(t, p.Queue)
@@ -244,7 +245,7 @@ func TestDLQReplayManyShowsProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err, errOut)
 	}
-	var res replayResult
+	var res deadletter.ReplayResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Replayed) != 120 {
 		t.Fatalf("json %v: %d replayed", err, len(res.Replayed))
 	}

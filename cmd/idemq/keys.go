@@ -18,6 +18,11 @@ store. The record's key is "<prefix>:<group>:<id>", exactly as the dedup guard
 builds it (dedup.Key). Forgetting a "done" record lets an operator re-run a
 message on purpose: the next delivery of that ID is processed again.
 
+forget refuses a "processing" record — a consumer holds a live lease on it
+and is running the message now; deleting the lease would let a concurrent
+duplicate run — and shows its owner and TTL. --force deletes it anyway.
+The check and the delete are one atomic step in the store.
+
 The Redis URL is --redis-url, else IDEMQ_REDIS_URL, else redis://127.0.0.1:6379/0.`
 
 type keysFlags struct {
@@ -43,9 +48,15 @@ func newKeysCmd() *cobra.Command {
 	return cmd
 }
 
+// keyStore is what the keys commands need of a dedup store.
+type keyStore interface {
+	dedup.Inspector
+	dedup.IdleForgetter
+}
+
 // openInspector returns the dedup store the keys commands work on. It is
 // the one place that knows the backend (Redis today).
-func openInspector(f *keysFlags) (dedup.Inspector, func(), error) {
+func openInspector(f *keysFlags) (keyStore, func(), error) {
 	u := redisURL(f.redisURL)
 	opt, err := redis.ParseURL(u)
 	if err != nil {
@@ -129,38 +140,62 @@ func newKeysGetCmd(f *keysFlags) *cobra.Command {
 
 func newKeysForgetCmd(f *keysFlags) *cobra.Command {
 	var output string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "forget ID",
 		Short: "Delete the dedup record of a message ID so it can be processed again",
 		Long:  keysLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
-			return withRecord(cmd, f, output, args[0], func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error {
-				if err := ins.Forget(ctx, key); err != nil {
-					return err
+			return withStore(cmd, f, output, args[0], func(ctx context.Context, cio *cmdIO, ks keyStore, key string) error {
+				var rec dedup.Record
+				var ok bool
+				var err error
+				if force {
+					if rec, ok, err = ks.Get(ctx, key); err == nil {
+						err = ks.Forget(ctx, key)
+					}
+				} else {
+					rec, ok, err = ks.ForgetIdle(ctx, key)
 				}
 				v := viewOf(key, rec, ok, time.Now())
+				if errors.Is(err, dedup.ErrLeaseHeld) {
+					return fmt.Errorf("refusing to forget %s: it is %s, owner %s, lease expires %s (in %s): a consumer is running this message now "+
+						"and deleting its lease would let a duplicate run concurrently; wait for it to finish, or use --force: %w",
+						key, v.State, orDash(v.Owner), orDash(v.ExpiresAt), orDash(v.TTL), err)
+				}
+				if err != nil {
+					return err
+				}
 				v.Forgotten = true
 				if cio.json {
 					return cio.printJSON(v)
 				}
-				if ok {
-					cio.printf("forgot %s (was %s)\n", key, rec.State)
-				} else {
+				if !ok {
 					cio.printf("forgot %s (there was no record)\n", key)
+					return nil
 				}
+				cio.printf("forgot %s (was %s", key, rec.State)
+				if v.Owner != "" {
+					cio.printf(", owner %s", v.Owner)
+				}
+				if v.ExpiresAt != "" {
+					cio.printf(", expires %s (in %s)", v.ExpiresAt, v.TTL)
+				}
+				cio.printf(")\n")
 				return nil
 			})
 		}),
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "also delete a live processing lease (lets a concurrent duplicate run)")
 	addOutputFlag(cmd, &output)
 	return cmd
 }
 
-// withRecord is what get and forget share: it opens the output and the
-// store, builds the key for id and reads its record, then calls fn.
-func withRecord(cmd *cobra.Command, f *keysFlags, output, id string,
-	fn func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error) error {
+// withStore opens the output and the store and builds the key for id, then
+// calls fn.
+func withStore(cmd *cobra.Command, f *keysFlags, output, id string,
+	fn func(ctx context.Context, cio *cmdIO, ks keyStore, key string) error) error {
 	cio, err := newIO(cmd, output)
 	if err != nil {
 		return err
@@ -169,16 +204,24 @@ func withRecord(cmd *cobra.Command, f *keysFlags, output, id string,
 	if err != nil {
 		return err
 	}
-	ins, closeFn, err := openInspector(f)
+	ks, closeFn, err := openInspector(f)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 	defer cancel()
-	rec, ok, err := ins.Get(ctx, key)
-	if err != nil {
-		return err
-	}
-	return fn(ctx, cio, ins, key, rec, ok)
+	return fn(ctx, cio, ks, key)
+}
+
+// withRecord is withStore that also reads the key's record.
+func withRecord(cmd *cobra.Command, f *keysFlags, output, id string,
+	fn func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error) error {
+	return withStore(cmd, f, output, id, func(ctx context.Context, cio *cmdIO, ks keyStore, key string) error {
+		rec, ok, err := ks.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, cio, ks, key, rec, ok)
+	})
 }

@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
-	"regexp"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // Environment variables the commands read when their URL flag is not set.
@@ -44,80 +42,45 @@ func redisURL(flag string) string {
 	return defaultRedisURL
 }
 
-// redactURL hides the password of a URL ("amqp://user:xxxxx@host/").
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return redact(raw)
-	}
-	if u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-	}
-	q := u.Query()
-	changed := false
-	for k := range q {
-		if isSecretParam(k) {
-			q.Set(k, "xxxxx")
-			changed = true
-		}
-	}
-	if changed {
-		u.RawQuery = q.Encode()
-	}
-	return u.String()
+// redactURL hides the password and secret parameters of a URL.
+func redactURL(raw string) string { return redact.URL(raw) }
+
+// redactWriter redacts every chunk written through it (redact.Text, then
+// the literal secrets). The commands write whole lines, so a URL is never
+// split between two writes.
+type redactWriter struct {
+	w       io.Writer
+	secrets []string
 }
-
-func isSecretParam(k string) bool {
-	k = strings.ToLower(k)
-	return k == "password" || k == "pass" || k == "pwd" || k == "secret" || k == "token"
-}
-
-var (
-	// scheme://user:password@ — the password is everything up to the last
-	// "@" before the host, so passwords containing ':' or '/' are covered.
-	userinfoRE = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^:@/\s]*:)[^\s]*@`)
-	paramRE    = regexp.MustCompile(`(?i)\b(password|pass|pwd|secret|token)=([^&\s"']+)`)
-)
-
-// redact hides every URL password and password=… parameter in free text.
-func redact(s string) string {
-	s = userinfoRE.ReplaceAllStringFunc(s, func(m string) string {
-		i := strings.Index(m, "://")
-		rest := m[i+3:]
-		j := strings.Index(rest, ":")
-		return m[:i+3] + rest[:j+1] + "xxxxx@"
-	})
-	return paramRE.ReplaceAllString(s, "${1}=xxxxx")
-}
-
-// redactWriter redacts every chunk written through it. The commands write
-// whole lines, so a URL is never split between two writes.
-type redactWriter struct{ w io.Writer }
 
 func (r redactWriter) Write(p []byte) (int, error) {
-	if _, err := io.WriteString(r.w, redact(string(p))); err != nil {
+	if _, err := io.WriteString(r.w, redact.Scrub(redact.Text(string(p)), r.secrets)); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
 
 // redactedError keeps the chain of err but prints it redacted.
-type redactedError struct{ err error }
+type redactedError struct {
+	err     error
+	secrets []string
+}
 
-func (e redactedError) Error() string { return redact(e.err.Error()) }
+func (e redactedError) Error() string {
+	return redact.Scrub(redact.Text(e.err.Error()), e.secrets)
+}
 func (e redactedError) Unwrap() error { return e.err }
 
-func redactErr(err error) error {
+// redactErr wraps err so that it prints redacted, scrubbed of secrets too.
+func redactErr(err error, secrets ...string) error {
 	if err == nil {
 		return nil
 	}
 	var re redactedError
-	if errors.As(err, &re) {
+	if errors.As(err, &re) && len(secrets) == 0 {
 		return err
 	}
-	return redactedError{err}
+	return redactedError{err: err, secrets: secrets}
 }
 
 // io of one command: redacted stdout and stderr, a logger on stderr.
@@ -142,9 +105,9 @@ func newIO(cmd *cobra.Command, output string) (*cmdIO, error) {
 	if f, ok := errw.(*os.File); ok {
 		tty = term.IsTerminal(int(f.Fd()))
 	}
-	e := redactWriter{errw}
+	e := redactWriter{w: errw}
 	return &cmdIO{
-		out:  redactWriter{cmd.OutOrStdout()},
+		out:  redactWriter{w: cmd.OutOrStdout()},
 		err:  e,
 		in:   cmd.InOrStdin(),
 		log:  slog.New(slog.NewTextHandler(e, &slog.HandlerOptions{Level: slog.LevelWarn})),

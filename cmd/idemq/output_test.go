@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/idemq/idemq/internal/redact"
 )
 
 func TestRedact(t *testing.T) {
@@ -19,8 +21,8 @@ func TestRedact(t *testing.T) {
 		{"two: amqp://a:b@h1/ and redis://c:d@h2/", "two: amqp://a:xxxxx@h1/ and redis://c:xxxxx@h2/"},
 	}
 	for _, tt := range tests {
-		if got := redact(tt.in); got != tt.want {
-			t.Errorf("redact(%q) = %q, want %q", tt.in, got, tt.want)
+		if got := redact.Text(tt.in); got != tt.want {
+			t.Errorf("redact.Text(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 	if got := redactURL("amqps://admin:topsecret@mq:5671/prod"); strings.Contains(got, "topsecret") || !strings.Contains(got, "admin") {
@@ -30,7 +32,7 @@ func TestRedact(t *testing.T) {
 		t.Errorf("redactURL = %q", got)
 	}
 	var buf bytes.Buffer
-	fmt.Fprintf(redactWriter{&buf}, "connecting to %s\n", "amqp://guest:guest@h/")
+	fmt.Fprintf(redactWriter{w: &buf}, "connecting to %s\n", "amqp://guest:guest@h/")
 	if strings.Contains(buf.String(), ":guest@") {
 		t.Errorf("writer leaked: %q", buf.String())
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/outbox/mysql"
 	"github.com/idemq/idemq/outbox/postgres"
@@ -55,10 +56,14 @@ marked; it then exits 0.
 
 --db takes postgres://… (LISTEN/NOTIFY wakes the relay at once), mysql://…
 (either a go-sql-driver DSN after the scheme, mysql://user:pass@tcp(host:3306)/db,
-or a URL, mysql://user:pass@host:3306/db), or a SQLite path (sqlite://path or
-file:path or a plain path). --dialect overrides the guess, e.g. for a bare
-go-sql-driver DSN. Without --db: IDEMQ_OUTBOX_DB_URL, else IDEMQ_MYSQL_URL for
---dialect mysql, else IDEMQ_POSTGRES_URL. Without --amqp: IDEMQ_AMQP_URL.`,
+or a URL, mysql://user:pass@host:3306/db), a bare go-sql-driver DSN
+(user:pass@tcp(host:3306)/db), or a SQLite database (sqlite://path or
+file:path). Anything else needs --dialect: a PostgreSQL keyword/value DSN
+(host=… user=… --dialect postgres), a plain SQLite path (--dialect sqlite).
+A DSN the relay cannot place is refused, never opened as a SQLite file.
+Without --db: IDEMQ_OUTBOX_DB_URL, else IDEMQ_MYSQL_URL for --dialect mysql,
+else IDEMQ_POSTGRES_URL. Without --amqp: IDEMQ_AMQP_URL. Passwords and
+secret parameters never reach the logs or errors.`,
 		Args: cobra.NoArgs,
 		RunE: wrapRunE(func(cmd *cobra.Command, _ []string) error { return runRelay(cmd, f) }),
 	}
@@ -93,21 +98,45 @@ type relayDB struct {
 	dsn     string // what the dialect's Open takes
 }
 
-// redacted is the DSN with its password hidden, for logs.
-func (d relayDB) redacted() string {
-	if d.dialect == "mysql" {
-		if c, err := gomysql.ParseDSN(d.dsn); err == nil {
-			if c.Passwd != "" {
-				c.Passwd = "xxxxx"
+// redacted is the DSN with its secrets hidden, for logs.
+func (d relayDB) redacted() string { return redact.DSN(d.dsn) }
+
+// acceptedForms is the help of a --db refusal.
+const acceptedForms = "write postgres://… (or postgresql://…), mysql://… or a go-sql-driver DSN user:password@tcp(host:3306)/db, " +
+	"sqlite://path or file:path; or name the database with --dialect postgres|mysql|sqlite " +
+	"(a keyword/value DSN such as host=… user=… needs --dialect postgres, a plain SQLite path --dialect sqlite)"
+
+// guessDialect tells the dialect from the DSN's own form, "" when it
+// cannot: only explicit forms count (a scheme, a go-sql-driver net(addr)).
+func guessDialect(db string) string {
+	lower := strings.ToLower(strings.TrimSpace(db))
+	has := func(prefixes ...string) bool {
+		for _, p := range prefixes {
+			if strings.HasPrefix(lower, p) {
+				return true
 			}
-			return c.FormatDSN()
 		}
-		return "(unparseable DSN)"
+		return false
 	}
-	return redactURL(d.dsn)
+	switch {
+	case has("postgres://", "postgresql://"):
+		return "postgres"
+	case has("mysql://", "mariadb://"):
+		return "mysql"
+	case has("sqlite://", "sqlite3://", "sqlite:", "sqlite3:", "file:"):
+		return "sqlite"
+	case strings.Contains(db, "://"):
+		return ""
+	case strings.Contains(db, "@tcp("), strings.Contains(db, "@unix("), strings.Contains(db, "@/"),
+		has("tcp(", "unix("):
+		return "mysql"
+	}
+	return ""
 }
 
 // resolveDB picks the dialect and DSN from --db, --dialect and the env.
+// The dialect is never guessed from a form that does not say it: a DSN it
+// cannot place is an error, never a SQLite file named after it.
 func resolveDB(db, dialect string, getenv func(string) string) (relayDB, error) {
 	dialect = strings.ToLower(dialect)
 	switch dialect {
@@ -136,34 +165,35 @@ func resolveDB(db, dialect string, getenv func(string) string) (relayDB, error) 
 	if db == "" {
 		return relayDB{}, errors.New("no database: set --db (or IDEMQ_OUTBOX_DB_URL / IDEMQ_POSTGRES_URL)")
 	}
-	lower := strings.ToLower(db)
+	guessed := guessDialect(db)
 	if dialect == "" {
-		switch {
-		case strings.HasPrefix(lower, "postgres://"), strings.HasPrefix(lower, "postgresql://"):
-			dialect = "postgres"
-		case strings.HasPrefix(lower, "mysql://"), strings.HasPrefix(lower, "mariadb://"),
-			strings.Contains(db, "@tcp("), strings.Contains(db, "@unix("):
-			dialect = "mysql"
-		case strings.HasPrefix(lower, "sqlite://"), strings.HasPrefix(lower, "sqlite3://"), strings.HasPrefix(lower, "file:"),
-			!strings.Contains(db, "://"):
-			dialect = "sqlite"
-		default:
-			return relayDB{}, fmt.Errorf("--db %s: cannot tell the dialect; set --dialect", redactURL(db))
+		if guessed == "" {
+			return relayDB{}, fmt.Errorf("--db %s: cannot tell which database this is: %s", redact.DSN(db), acceptedForms)
 		}
+		dialect = guessed
 	}
 	switch dialect {
 	case "postgres":
 		return relayDB{dialect, db}, nil
 	case "sqlite":
-		for _, p := range []string{"sqlite://", "sqlite3://"} {
+		path := db
+		lower := strings.ToLower(db)
+		for _, p := range []string{"sqlite://", "sqlite3://", "sqlite:", "sqlite3:"} {
 			if strings.HasPrefix(lower, p) {
-				db = db[len(p):]
+				path = db[len(p):]
+				break
 			}
 		}
-		if db == "" {
+		// A SQLite database is a path or a file: URI; not a DSN of another
+		// database (it would become a file named after it, password and all).
+		if guessed != "" && guessed != "sqlite" || strings.Contains(path, "://") || strings.ContainsAny(path, "@") ||
+			(guessed == "" && strings.Contains(path, "=")) {
+			return relayDB{}, fmt.Errorf("--db %s with --dialect sqlite: not a SQLite path (sqlite://path, file:path or a file path)", redact.DSN(db))
+		}
+		if path == "" {
 			return relayDB{}, errors.New("--db: empty SQLite path")
 		}
-		return relayDB{dialect, db}, nil
+		return relayDB{dialect, path}, nil
 	}
 	dsn, err := mysqlDSN(db)
 	if err != nil {
@@ -233,12 +263,12 @@ func openStore(d relayDB, table string) (closingStore, error) {
 	}
 }
 
-func relayLogger(cmd *cobra.Command, level, format string) (*slog.Logger, error) {
+func relayLogger(cmd *cobra.Command, level, format string, secrets []string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
 	}
-	w := redactWriter{cmd.ErrOrStderr()}
+	w := redactWriter{w: cmd.ErrOrStderr(), secrets: secrets}
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
 	case "json":
@@ -249,8 +279,24 @@ func relayLogger(cmd *cobra.Command, level, format string) (*slog.Logger, error)
 	return nil, fmt.Errorf("--log-format %q: want json or text", format)
 }
 
-func runRelay(cmd *cobra.Command, f relayFlags) error {
-	log, err := relayLogger(cmd, f.logLevel, f.logFormat)
+// relaySecrets are the secrets of every URL and DSN the relay may use,
+// scrubbed literally from its logs and errors on top of the structural
+// redaction (a driver's message quotes what it likes).
+func relaySecrets(f relayFlags, amqpU string, getenv func(string) string) []string {
+	s := redact.Secrets(amqpU)
+	for _, db := range []string{f.db, getenv(envOutboxDB), getenv(envMySQLURL), getenv(envPostgreURL)} {
+		if db != "" {
+			s = append(s, redact.Secrets(db)...)
+		}
+	}
+	return s
+}
+
+func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
+	amqpU := amqpURL(f.amqp)
+	secrets := relaySecrets(f, amqpU, os.Getenv)
+	defer func() { err = redactErr(err, secrets...) }()
+	log, err := relayLogger(cmd, f.logLevel, f.logFormat, secrets)
 	if err != nil {
 		return err
 	}
@@ -258,7 +304,6 @@ func runRelay(cmd *cobra.Command, f relayFlags) error {
 	if err != nil {
 		return err
 	}
-	amqpU := amqpURL(f.amqp)
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()

@@ -36,9 +36,10 @@ type Store struct {
 }
 
 var (
-	_ dedup.Store      = (*Store)(nil)
-	_ dedup.BatchStore = (*Store)(nil)
-	_ dedup.Inspector  = (*Store)(nil)
+	_ dedup.Store         = (*Store)(nil)
+	_ dedup.BatchStore    = (*Store)(nil)
+	_ dedup.Inspector     = (*Store)(nil)
+	_ dedup.IdleForgetter = (*Store)(nil)
 )
 
 // New returns a store on client.
@@ -112,6 +113,22 @@ if not v then
   return {}
 end
 return {v, redis.call('PTTL', KEYS[1])}
+`)
+
+// forgetIdleScript deletes a done record and keeps a lease (live: Redis
+// expires leases) or a value that is not a dedup record. It returns {}
+// absent, {1, v, pttl} deleted, {0, v, pttl} kept.
+var forgetIdleScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then
+  return {}
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if v ~= 'd' then
+  return {0, v, pttl}
+end
+redis.call('DEL', KEYS[1])
+return {1, v, pttl}
 `)
 
 // ms converts a duration to whole milliseconds for PX, at least 1.
@@ -305,8 +322,17 @@ func (s *Store) Get(ctx context.Context, key string) (dedup.Record, bool, error)
 	if len(vals) == 0 {
 		return dedup.Record{}, false, nil
 	}
-	v, _ := vals[0].(string)
-	pttl, _ := vals[1].(int64)
+	rec, err := s.record(key, vals[0], vals[1], now)
+	if err != nil {
+		return dedup.Record{}, false, storeErr("get", err)
+	}
+	return rec, true, nil
+}
+
+// record decodes a value and its PTTL as read by a script.
+func (s *Store) record(key string, val, ttl any, now time.Time) (dedup.Record, error) {
+	v, _ := val.(string)
+	pttl, _ := ttl.(int64)
 	rec := dedup.Record{Key: key}
 	if pttl > 0 {
 		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
@@ -318,7 +344,36 @@ func (s *Store) Get(ctx context.Context, key string) (dedup.Record, bool, error)
 		rec.State = dedup.StateProcessing
 		rec.Owner = strings.TrimPrefix(v, "p:")
 	default:
-		return dedup.Record{}, false, storeErr("get", fmt.Errorf("key %q holds %q, not a dedup record", s.RedisKey(key), v))
+		return dedup.Record{}, fmt.Errorf("key %q holds %q, not a dedup record", s.RedisKey(key), v)
+	}
+	return rec, nil
+}
+
+// ForgetIdle implements [dedup.IdleForgetter]: one script reads the record
+// and deletes it unless it is a lease (Redis expires leases itself, so a
+// lease it finds is live).
+func (s *Store) ForgetIdle(ctx context.Context, key string) (dedup.Record, bool, error) {
+	if err := s.prepare(ctx, "forget", key); err != nil {
+		return dedup.Record{}, false, err
+	}
+	now := time.Now()
+	vals, err := forgetIdleScript.Run(ctx, s.client, []string{s.RedisKey(key)}).Slice()
+	if err != nil {
+		return dedup.Record{}, false, storeErr("forget", err)
+	}
+	if len(vals) == 0 {
+		return dedup.Record{}, false, nil
+	}
+	if len(vals) != 3 {
+		return dedup.Record{}, false, storeErr("forget", fmt.Errorf("unexpected script reply %v", vals))
+	}
+	rec, err := s.record(key, vals[1], vals[2], now)
+	if err != nil {
+		// Not a dedup record: the script left it alone.
+		return dedup.Record{}, false, storeErr("forget", err)
+	}
+	if deleted, _ := vals[0].(int64); deleted != 1 {
+		return rec, true, fmt.Errorf("%w: %s is processing, owner %s", dedup.ErrLeaseHeld, key, rec.Owner)
 	}
 	return rec, true, nil
 }

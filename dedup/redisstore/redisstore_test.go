@@ -116,3 +116,47 @@ func TestScriptCacheFlush(t *testing.T) {
 		t.Fatalf("Claim after SCRIPT FLUSH = %v, %v", cl.Result, err)
 	}
 }
+
+// TestForgetIdle: ForgetIdle deletes a done record, never a live lease nor
+// a value that is not a dedup record, and reports what it found.
+func TestForgetIdle(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	s := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+	ctx := context.Background()
+	if _, found, err := s.ForgetIdle(ctx, "fi:absent"); err != nil || found {
+		t.Fatalf("ForgetIdle absent = found %v, %v", found, err)
+	}
+	const k = "fi:k"
+	if _, err := s.Claim(ctx, k, "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rec, found, err := s.ForgetIdle(ctx, k)
+	if !errors.Is(err, dedup.ErrLeaseHeld) || !found || rec.State != dedup.StateProcessing || rec.Owner != "tok" ||
+		time.Until(rec.ExpiresAt) < 30*time.Second {
+		t.Fatalf("ForgetIdle live lease = %+v, found %v, %v; want the lease and ErrLeaseHeld", rec, found, err)
+	}
+	if cl, err := s.Claim(ctx, k, "other", time.Minute); err != nil || cl.Result != dedup.InFlight {
+		t.Fatalf("lease gone after a refused ForgetIdle: %v %v", cl, err)
+	}
+	if err := s.Complete(ctx, k, "tok", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	rec, found, err = s.ForgetIdle(ctx, k)
+	if err != nil || !found || rec.State != dedup.StateDone {
+		t.Fatalf("ForgetIdle done = %+v, found %v, %v", rec, found, err)
+	}
+	if cl, err := s.Claim(ctx, k, "rerun", time.Minute); err != nil || cl.Result != dedup.Acquired {
+		t.Fatalf("claim after ForgetIdle: %v %v", cl, err)
+	}
+	foreign := "fi:foreign"
+	if err := c.Set(ctx, s.RedisKey(foreign), "not-a-record", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var se *dedup.StoreError
+	if _, _, err := s.ForgetIdle(ctx, foreign); !errors.As(err, &se) {
+		t.Fatalf("ForgetIdle on a foreign value = %v, want a StoreError", err)
+	}
+	if n, _ := c.Exists(ctx, s.RedisKey(foreign)).Result(); n != 1 {
+		t.Fatal("ForgetIdle deleted a value that is not a dedup record")
+	}
+}

@@ -169,6 +169,7 @@ type statements struct {
 	owned        stmt
 	get          stmt
 	forget       stmt
+	forgetIdle   stmt
 	purge        stmt
 	stats        stmt
 }
@@ -184,7 +185,9 @@ const (
 	ownedSQL  = `SELECT COUNT(*) FROM {table} WHERE {key} = @key AND state = 'processing' AND owner = @token AND expires_at > {now}`
 	getSQL    = `SELECT state, owner, expires_at FROM {table} WHERE {key} = @key AND expires_at > {now}`
 	forgetSQL = `DELETE FROM {table} WHERE {key} = @key`
-	statsSQL  = `SELECT` +
+	// forgetIdleSQL deletes the row unless it is a live lease.
+	forgetIdleSQL = `DELETE FROM {table} WHERE {key} = @key AND NOT (state = 'processing' AND expires_at > {now})`
+	statsSQL      = `SELECT` +
 		` COALESCE(SUM(CASE WHEN expires_at > {now} AND state = 'processing' THEN 1 ELSE 0 END), 0),` +
 		` COALESCE(SUM(CASE WHEN expires_at > {now} AND state = 'done' THEN 1 ELSE 0 END), 0),` +
 		` COALESCE(SUM(CASE WHEN expires_at <= {now} THEN 1 ELSE 0 END), 0)` +
@@ -217,6 +220,7 @@ func (d Dialect) statements(table string) (statements, error) {
 	s.owned = c(ownedSQL)
 	s.get = c(getSQL)
 	s.forget = c(forgetSQL)
+	s.forgetIdle = c(forgetIdleSQL)
 	s.purge = c(d.Purge)
 	s.stats = c(statsSQL)
 	return s, err

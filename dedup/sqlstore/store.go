@@ -54,8 +54,9 @@ type Store struct {
 }
 
 var (
-	_ dedup.Store     = (*Store)(nil)
-	_ dedup.Inspector = (*Store)(nil)
+	_ dedup.Store         = (*Store)(nil)
+	_ dedup.Inspector     = (*Store)(nil)
+	_ dedup.IdleForgetter = (*Store)(nil)
 )
 
 // New returns a store over db speaking dialect d. It does not touch the
@@ -386,6 +387,40 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 		return s.fail("forget", err)
 	}
 	return nil
+}
+
+// forgetIdleRounds bounds how often ForgetIdle reads again when the row
+// changed between its read and its delete.
+const forgetIdleRounds = 5
+
+// ForgetIdle implements [dedup.IdleForgetter]. It reads the row, then
+// deletes it with a statement that keeps a live lease, so a claim made
+// between the two is never deleted.
+func (s *Store) ForgetIdle(ctx context.Context, key string) (dedup.Record, bool, error) {
+	if err := s.check(ctx, "forget", key, ""); err != nil {
+		return dedup.Record{}, false, err
+	}
+	for range forgetIdleRounds {
+		rec, ok, err := s.Get(ctx, key)
+		if err != nil {
+			return dedup.Record{}, false, err
+		}
+		if ok && rec.State == dedup.StateProcessing {
+			return rec, true, fmt.Errorf("%w: %s is processing, owner %s", dedup.ErrLeaseHeld, key, rec.Owner)
+		}
+		if !ok {
+			return dedup.Record{}, false, nil // absent or expired: nothing to forget
+		}
+		n, err := s.exec(ctx, s.st.forgetIdle, args(key, "", 0))
+		if err != nil {
+			return dedup.Record{}, false, s.fail("forget", err)
+		}
+		if n == 1 {
+			return rec, true, nil
+		}
+		// The done row expired, was forgotten or claimed meanwhile: look again.
+	}
+	return dedup.Record{}, false, s.fail("forget", fmt.Errorf("key %q kept changing", key))
 }
 
 // Purge deletes every expired row, at most batch rows per statement (default

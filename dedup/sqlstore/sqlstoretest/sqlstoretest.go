@@ -52,6 +52,7 @@ func Run(t *testing.T, h Harness) {
 		{"PurgeInBatches", purgeInBatches},
 		{"BackgroundPurger", backgroundPurger},
 		{"Inspector", inspector},
+		{"ForgetIdle", forgetIdle},
 		{"TablesAreIndependent", tablesIndependent},
 		{"InvalidTableRejected", invalidTable},
 		{"KeysAreByteExact", byteExactKeys},
@@ -277,6 +278,40 @@ func backgroundPurger(t *testing.T, h Harness) {
 		t.Fatalf("second Close: %v", err)
 	}
 	claim(t, s, "bg:live", "other", time.Minute, dedup.InFlight)
+}
+
+// forgetIdle: ForgetIdle deletes a done record, never a live lease, and
+// reports what it found.
+func forgetIdle(t *testing.T, h Harness) {
+	s := h.fresh(t, sqlstore.Config{})
+	if _, found, err := s.ForgetIdle(ctx(t), "fi:absent"); err != nil || found {
+		t.Fatalf("ForgetIdle absent = found %v, %v", found, err)
+	}
+	const k = "fi:k"
+	claim(t, s, k, "tok", time.Minute, dedup.Acquired)
+	rec, found, err := s.ForgetIdle(ctx(t), k)
+	if !errors.Is(err, dedup.ErrLeaseHeld) || !found || rec.State != dedup.StateProcessing || rec.Owner != "tok" ||
+		time.Until(rec.ExpiresAt) < 30*time.Second {
+		t.Fatalf("ForgetIdle live lease = %+v, found %v, %v; want the lease and ErrLeaseHeld", rec, found, err)
+	}
+	claim(t, s, k, "other", time.Minute, dedup.InFlight) // the lease is still there
+	if err := s.Complete(ctx(t), k, "tok", time.Hour); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	rec, found, err = s.ForgetIdle(ctx(t), k)
+	if err != nil || !found || rec.State != dedup.StateDone {
+		t.Fatalf("ForgetIdle done = %+v, found %v, %v", rec, found, err)
+	}
+	claim(t, s, k, "rerun", time.Minute, dedup.Acquired)
+	// An expired lease is no lease: nothing to refuse, nothing reported.
+	claim(t, s, "fi:short", "tok", 50*time.Millisecond, dedup.Acquired)
+	eventually(t, "the short lease to expire", func() bool {
+		_, ok, err := s.Get(ctx(t), "fi:short")
+		return err == nil && !ok
+	})
+	if _, found, err := s.ForgetIdle(ctx(t), "fi:short"); err != nil || found {
+		t.Fatalf("ForgetIdle expired lease = found %v, %v", found, err)
+	}
 }
 
 func inspector(t *testing.T, h Harness) {
