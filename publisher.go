@@ -110,6 +110,12 @@ func NewPublisher(cfg PublisherConfig) *Publisher {
 // unroutable message returns a [*ReturnedError]. When ctx ends first, the
 // error wraps ctx.Err(): the message may or may not have reached the broker.
 //
+// Some messages are refused before anything is sent, and never retried:
+// headers AMQP cannot encode ([ErrInvalidHeaders]), and properties plus
+// headers that do not fit the connection's frame_max — the broker would
+// close the connection, failing every publish in flight. The latter error
+// is a [*PermanentError] wrapping [ErrMessageTooLarge].
+//
 // msg.Headers is not modified: the publisher sends a copy with
 // [PublishSeqHeader] added.
 func (p *Publisher) Publish(ctx context.Context, msg Message) error {
@@ -125,7 +131,16 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	for k, v := range msg.Headers {
 		pub.Headers[k] = v
 	}
-	pub.Headers[PublishSeqHeader] = int64(0) // set per attempt (pubChannel.publish)
+	// The value is set per attempt (pubChannel.publish); its encoded size
+	// is the same whatever the value.
+	pub.Headers[PublishSeqHeader] = int64(0)
+	size, err := contentHeaderPayloadSize(&pub)
+	if err != nil {
+		// A property or key over 255 bytes: amqp091-go would fail after
+		// writing the method frame, breaking the connection.
+		return fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
+	}
+	frameSize := size + frameOverhead
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -151,6 +166,12 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 			}
 			last = err
 			continue
+		}
+		if pc.frameMax > 0 && frameSize > pc.frameMax {
+			// Permanent: the same broker negotiates the same frame_max on
+			// every connection.
+			return Permanent(fmt.Errorf("idemq: publish %q: %w: content header frame is %d bytes (properties and %d headers), frame_max is %d",
+				msg.ID, ErrMessageTooLarge, frameSize, len(msg.Headers), pc.frameMax))
 		}
 		err = pc.publish(ctx, &msg, pub)
 		switch {
@@ -227,11 +248,12 @@ func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
 		}
 	}
 	pc := &pubChannel{
-		conn:    conn,
-		ch:      ch,
-		log:     p.log,
-		pending: map[uint64]*pendingPub{},
-		dead:    make(chan struct{}),
+		conn:     conn,
+		ch:       ch,
+		log:      p.log,
+		frameMax: conn.Config.FrameSize, // negotiated in connection.tune; 0 means no limit
+		pending:  map[uint64]*pendingPub{},
+		dead:     make(chan struct{}),
 	}
 	// Returns must be read on an unbuffered channel by the same goroutine
 	// that reads confirms: the client hands a return over before it
@@ -251,9 +273,10 @@ type pendingPub struct {
 
 // pubChannel is one connection+channel in confirm mode.
 type pubChannel struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
-	log  *slog.Logger
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	log      *slog.Logger
+	frameMax int // the connection's negotiated frame_max; 0 means unlimited
 
 	pubMu   sync.Mutex             // serialises publishes on the channel
 	mu      sync.Mutex             // guards the fields below
