@@ -164,6 +164,7 @@ func entryOf(pos int, d *amqp.Delivery, detail bool) *dlqEntry {
 		for k, v := range h {
 			e.Headers[k] = v
 		}
+		delete(e.Headers, idemq.PublishSeqHeader) // the publisher's per-channel bookkeeping, not the message's
 		e.Deaths = deaths
 	}
 	return e
