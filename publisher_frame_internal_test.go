@@ -351,3 +351,22 @@ func (d *fuzzDecoder) value(depth int) any {
 		return d.table(depth + 1)
 	}
 }
+
+// BenchmarkContentHeaderPayloadSize measures the per-publish cost of the
+// size check on a dead letter's worth of idemq headers.
+func BenchmarkContentHeaderPayloadSize(b *testing.B) {
+	pub := amqp.Publishing{ContentType: "application/json", DeliveryMode: 2, MessageId: "transfer-42",
+		Timestamp: time.Now(), Headers: amqp.Table{
+			"x-idemq-attempts": int64(3), "x-idemq-error": strings.Repeat("e", 1024), "x-idemq-error-class": "handler-error",
+			"x-idemq-first-failure": "2024-05-06T07:08:09.123Z", "x-idemq-last-failure": "2024-05-06T07:08:10.456Z",
+			"x-idemq-original-exchange": "", "x-idemq-original-routing-key": "transfers", "x-idemq-group": "bank",
+			"x-idemq-queue": "transfers", "x-idemq-reason": "max-attempts", "x-idemq-dead-lettered-at": "2024-05-06T07:08:10.456Z",
+			"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", PublishSeqHeader: int64(99),
+		}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := contentHeaderPayloadSize(&pub); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
