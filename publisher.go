@@ -37,6 +37,14 @@ type PublisherConfig struct {
 	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
 }
 
+// PublishSeqHeader is the header the [Publisher] sets on every publish
+// attempt: the attempt's publish sequence number on its channel. The broker
+// copies it into a basic.return, which is how a return is matched to
+// exactly the publish it belongs to (two publishes in flight can share a
+// message ID). It means nothing outside that channel: consumers ignore it,
+// and a republished delivery that still carries it gets a fresh value.
+const PublishSeqHeader = "x-idemq-pubseq"
+
 // ReturnedError is the error for a mandatory message the broker returned
 // (no queue bound to its routing key). It wraps [ErrUnroutable].
 type ReturnedError struct {
@@ -101,6 +109,15 @@ func NewPublisher(cfg PublisherConfig) *Publisher {
 // consumer may see it twice — that duplicate is the dedup guard's job). An
 // unroutable message returns a [*ReturnedError]. When ctx ends first, the
 // error wraps ctx.Err(): the message may or may not have reached the broker.
+//
+// Some messages are refused before anything is sent, and never retried:
+// headers AMQP cannot encode ([ErrInvalidHeaders]), and properties plus
+// headers that do not fit the connection's frame_max — the broker would
+// close the connection, failing every publish in flight. The latter error
+// is a [*PermanentError] wrapping [ErrMessageTooLarge].
+//
+// msg.Headers is not modified: the publisher sends a copy with
+// [PublishSeqHeader] added.
 func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	if err := ValidateID(msg.ID); err != nil {
 		return fmt.Errorf("idemq: publish: %w", err)
@@ -109,6 +126,21 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 		// No retry can fix a header AMQP cannot encode.
 		return fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
 	}
+	pub := msg.publishing(time.Now())
+	pub.Headers = make(amqp.Table, len(msg.Headers)+1)
+	for k, v := range msg.Headers {
+		pub.Headers[k] = v
+	}
+	// The value is set per attempt (pubChannel.publish); its encoded size
+	// is the same whatever the value.
+	pub.Headers[PublishSeqHeader] = int64(0)
+	size, err := contentHeaderPayloadSize(&pub)
+	if err != nil {
+		// A property or key over 255 bytes: amqp091-go would fail after
+		// writing the method frame, breaking the connection.
+		return fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
+	}
+	frameSize := size + frameOverhead
 	select {
 	case p.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -116,7 +148,6 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	}
 	defer func() { <-p.sem }()
 
-	pub := msg.publishing(time.Now())
 	var last error
 	for attempt := 0; ; attempt++ {
 		if p.cfg.MaxAttempts > 0 && attempt >= p.cfg.MaxAttempts {
@@ -135,6 +166,12 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 			}
 			last = err
 			continue
+		}
+		if pc.frameMax > 0 && frameSize > pc.frameMax {
+			// Permanent: the same broker negotiates the same frame_max on
+			// every connection.
+			return Permanent(fmt.Errorf("idemq: publish %q: %w: content header frame is %d bytes (properties and %d headers), frame_max is %d",
+				msg.ID, ErrMessageTooLarge, frameSize, len(msg.Headers), pc.frameMax))
 		}
 		err = pc.publish(ctx, &msg, pub)
 		switch {
@@ -211,11 +248,12 @@ func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
 		}
 	}
 	pc := &pubChannel{
-		conn:    conn,
-		ch:      ch,
-		pending: map[uint64]*pendingPub{},
-		byID:    map[string][]uint64{},
-		dead:    make(chan struct{}),
+		conn:     conn,
+		ch:       ch,
+		log:      p.log,
+		frameMax: conn.Config.FrameSize, // negotiated in connection.tune; 0 means no limit
+		pending:  map[uint64]*pendingPub{},
+		dead:     make(chan struct{}),
 	}
 	// Returns must be read on an unbuffered channel by the same goroutine
 	// that reads confirms: the client hands a return over before it
@@ -229,20 +267,20 @@ func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
 }
 
 type pendingPub struct {
-	id       string
 	done     chan error // buffered 1
 	returned *ReturnedError
 }
 
 // pubChannel is one connection+channel in confirm mode.
 type pubChannel struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	log      *slog.Logger
+	frameMax int // the connection's negotiated frame_max; 0 means unlimited
 
-	pubMu   sync.Mutex // serialises publishes on the channel
-	mu      sync.Mutex // guards the fields below
-	pending map[uint64]*pendingPub
-	byID    map[string][]uint64 // message ID → seqs awaiting a confirm, in order
+	pubMu   sync.Mutex             // serialises publishes on the channel
+	mu      sync.Mutex             // guards the fields below
+	pending map[uint64]*pendingPub // publish seq → publish awaiting its confirm
 	dead    chan struct{}
 	deadErr error
 }
@@ -258,8 +296,10 @@ func (pc *pubChannel) isDead() bool {
 	}
 }
 
+// publish sends one attempt of msg. pub.Headers is the publisher's own copy
+// (never the caller's map): it gets this attempt's sequence number.
 func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publishing) error {
-	pp := &pendingPub{id: msg.ID, done: make(chan error, 1)}
+	pp := &pendingPub{done: make(chan error, 1)}
 	// pubMu makes "next sequence number" and "publish" one step; mu (the
 	// bookkeeping) is never held across a network write, so the dispatcher
 	// can always take returns and confirms off the client's reader.
@@ -272,12 +312,12 @@ func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publis
 	}
 	seq := pc.ch.GetNextPublishSeqNo()
 	pc.pending[seq] = pp
-	pc.byID[msg.ID] = append(pc.byID[msg.ID], seq)
 	pc.mu.Unlock()
+	pub.Headers[PublishSeqHeader] = int64(seq)
 	err := pc.ch.PublishWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
 	if err != nil {
 		pc.mu.Lock()
-		pc.forget(seq, msg.ID)
+		delete(pc.pending, seq)
 		pc.mu.Unlock()
 		pc.pubMu.Unlock()
 		return fmt.Errorf("publish frame: %w", err)
@@ -292,23 +332,6 @@ func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publis
 	}
 }
 
-// forget removes seq from the bookkeeping. Called with pc.mu held.
-func (pc *pubChannel) forget(seq uint64, id string) {
-	delete(pc.pending, seq)
-	seqs := pc.byID[id]
-	for i, s := range seqs {
-		if s == seq {
-			seqs = append(seqs[:i], seqs[i+1:]...)
-			break
-		}
-	}
-	if len(seqs) == 0 {
-		delete(pc.byID, id)
-	} else {
-		pc.byID[id] = seqs
-	}
-}
-
 func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.Confirmation, closed <-chan *amqp.Error) {
 	var why error = errChannelLost
 	defer func() { pc.fail(why) }()
@@ -319,23 +342,28 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 				returns = nil
 				continue
 			}
+			// The return carries the publish's own sequence number; the
+			// message ID may be shared by other publishes in flight.
+			seq, ok := returnSeq(r.Headers)
 			pc.mu.Lock()
-			if seqs := pc.byID[r.MessageId]; len(seqs) > 0 {
-				if pp := pc.pending[seqs[0]]; pp != nil && pp.returned == nil {
-					pp.returned = &ReturnedError{MessageID: r.MessageId, Exchange: r.Exchange,
-						RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
-				}
+			pp := pc.pending[seq]
+			if ok && pp != nil && pp.returned == nil {
+				pp.returned = &ReturnedError{MessageID: r.MessageId, Exchange: r.Exchange,
+					RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
 			}
 			pc.mu.Unlock()
+			if !ok || pp == nil {
+				pc.log.Error("idemq: a returned message matches no publish awaiting its confirm",
+					"message_id", r.MessageId, "exchange", r.Exchange, "routing_key", r.RoutingKey,
+					"reply_code", r.ReplyCode, PublishSeqHeader, r.Headers[PublishSeqHeader])
+			}
 		case c, ok := <-confirms:
 			if !ok {
 				return
 			}
 			pc.mu.Lock()
 			pp := pc.pending[c.DeliveryTag]
-			if pp != nil {
-				pc.forget(c.DeliveryTag, pp.id)
-			}
+			delete(pc.pending, c.DeliveryTag)
 			pc.mu.Unlock()
 			if pp == nil {
 				continue
@@ -369,7 +397,15 @@ func (pc *pubChannel) fail(why error) {
 		pp.done <- why
 		delete(pc.pending, seq)
 	}
-	pc.byID = map[string][]uint64{}
+}
+
+// returnSeq reads the publish sequence number a returned message carries.
+func returnSeq(h amqp.Table) (uint64, bool) {
+	switch v := h[PublishSeqHeader].(type) {
+	case int64:
+		return uint64(v), v > 0
+	}
+	return 0, false
 }
 
 func (pc *pubChannel) close() {

@@ -44,12 +44,20 @@ func TestPublishConfirmedAndPersistent(t *testing.T) {
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := p.Publish(ctx, idemq.Message{ID: "order-1", RoutingKey: queue, Body: []byte("x"), Headers: map[string]any{"k": "v"}}); err != nil {
+	headers := amqp.Table{"k": "v", idemq.PublishSeqHeader: int64(12345)} // a stale value, as a republish carries
+	if err := p.Publish(ctx, idemq.Message{ID: "order-1", RoutingKey: queue, Body: []byte("x"), Headers: headers}); err != nil {
 		t.Fatal(err)
+	}
+	if len(headers) != 2 || headers[idemq.PublishSeqHeader] != int64(12345) {
+		t.Fatalf("the caller's headers were modified: %v", headers)
 	}
 	got := testenv.Drain(t, queue)
 	if len(got) != 1 || got[0].MessageId != "order-1" || got[0].DeliveryMode != 2 || got[0].Headers["k"] != "v" {
 		t.Fatalf("got %+v", got)
+	}
+	// The stale sequence number was overwritten by this publish's own.
+	if seq := got[0].Headers[idemq.PublishSeqHeader]; seq != int64(1) {
+		t.Fatalf("%s = %v, want this channel's first publish sequence number 1", idemq.PublishSeqHeader, seq)
 	}
 }
 
@@ -178,5 +186,99 @@ func TestPublishHonoursContext(t *testing.T) {
 	}
 	if time.Since(start) > 5*time.Second {
 		t.Fatalf("Publish took %v past its deadline", time.Since(start))
+	}
+}
+
+// A basic.return belongs to exactly one publish. Two publishes with the
+// same message ID are in flight on one channel: one to a durable queue
+// (its confirm waits for the broker's fsync, slowed further by a stream of
+// persistent messages), one unroutable (returned and confirmed at once).
+// Matching the return by message ID pinned it on the routable publish and
+// reported the unroutable one confirmed — a message silently lost (issue
+// 24 item 1).
+func TestPublishReturnMatchedToItsOwnPublish(t *testing.T) {
+	testenv.RequireAMQP(t)
+	queue := testenv.Queue(t, nil)
+	nowhere := testenv.Name(t, "nowhere")
+	var rec idemq.Counters
+	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// Background load: persistent messages to the durable queue, so the
+	// routable publishes' confirms lag behind the unroutable ones'.
+	stop := make(chan struct{})
+	var load sync.WaitGroup
+	var loadErr atomic.Value
+	body := make([]byte, 4096)
+	for w := 0; w < 8; w++ {
+		load.Add(1)
+		go func() {
+			defer load.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := p.Publish(ctx, idemq.Message{ID: fmt.Sprintf("load-%d-%d", w, i), RoutingKey: queue, Body: body}); err != nil {
+					loadErr.Store(err)
+					return
+				}
+			}
+		}()
+	}
+
+	const rounds, pairs = 5, 40
+	misrouted := 0
+	for r := 0; r < rounds; r++ {
+		routable := make([]error, pairs)
+		unroutable := make([]error, pairs)
+		var wg sync.WaitGroup
+		for k := 0; k < pairs; k++ {
+			id := fmt.Sprintf("dup-%d-%d", r, k)
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				routable[k] = p.Publish(ctx, idemq.Message{ID: id, RoutingKey: queue, Body: []byte("routable")})
+			}()
+			go func() {
+				defer wg.Done()
+				unroutable[k] = p.Publish(ctx, idemq.Message{ID: id, RoutingKey: nowhere, Body: []byte("unroutable")})
+			}()
+		}
+		wg.Wait()
+		for k := 0; k < pairs; k++ {
+			var re *idemq.ReturnedError
+			okU := errors.As(unroutable[k], &re) && errors.Is(unroutable[k], idemq.ErrUnroutable) && re.RoutingKey == nowhere
+			if routable[k] != nil || !okU {
+				misrouted++
+				if misrouted <= 3 {
+					t.Errorf("pair dup-%d-%d: routable publish err = %v; unroutable publish err = %v (want nil and a ReturnedError for %q)",
+						r, k, routable[k], unroutable[k], nowhere)
+				}
+			}
+		}
+	}
+	close(stop)
+	load.Wait()
+	if err, _ := loadErr.Load().(error); err != nil {
+		t.Fatalf("background publish: %v", err)
+	}
+	if misrouted > 0 {
+		t.Fatalf("%d of %d pairs got the return pinned on the wrong publish", misrouted, rounds*pairs)
+	}
+	dups := 0
+	for _, d := range testenv.Drain(t, queue) {
+		if string(d.Body) == "routable" {
+			dups++
+		}
+	}
+	if dups != rounds*pairs {
+		t.Fatalf("queue holds %d routable duplicates-by-ID, want %d", dups, rounds*pairs)
+	}
+	if n := rec.Get(idemq.CountReconnects); n != 0 {
+		t.Fatalf("reconnects = %d, want 0", n)
 	}
 }

@@ -148,6 +148,9 @@ func Read(pos int, d *amqp.Delivery, detail bool) *Entry {
 		}
 		e.Headers = map[string]any{}
 		for k, v := range h {
+			if k == idemq.PublishSeqHeader {
+				continue // the publisher's per-channel bookkeeping, meaningless here
+			}
 			e.Headers[k] = v
 		}
 		e.Deaths = deaths
