@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/idemq/idemq"
@@ -17,11 +16,19 @@ import (
 const (
 	RequeueInFlight         = "in-flight"
 	RequeueStoreUnavailable = "store-unavailable"
+	// RequeueLeaseLost: the delivery's lease was lost while its handler
+	// ran (or found lost at Complete); it is given back, and its next
+	// claim decides (done: acked as a duplicate; held elsewhere: deferred).
+	RequeueLeaseLost = "lease-lost"
 )
 
 // ErrInFlight is the cause of the requeue the guard returns when another
 // consumer holds a live lease on the message.
 var ErrInFlight = errors.New("dedup: another consumer holds the lease")
+
+// ErrInvalidConfig is wrapped by the error [NewGuard] returns for a
+// configuration it cannot run with.
+var ErrInvalidConfig = errors.New("dedup: invalid guard config")
 
 // Config configures [Guard]. The zero value is usable.
 type Config struct {
@@ -35,8 +42,16 @@ type Config struct {
 	// are suppressed). Default 24h.
 	Window time.Duration
 	// Heartbeat is the interval of lease renewals while the handler runs.
-	// Default Lease/3.
+	// Default Lease/3. It must be shorter than Lease minus LeaseMargin
+	// (NewGuard fails otherwise).
 	Heartbeat time.Duration
+	// LeaseMargin is how much sooner than Lease after its last successful
+	// renewal the guard gives the lease up: the handler's context is
+	// cancelled with idemq.ErrLeaseLost once no renewal has succeeded for
+	// Lease-LeaseMargin (the store unreachable, the process frozen), so
+	// it stops before another consumer may take the message. Default
+	// Lease/5, or half of Lease-Heartbeat when that is less.
+	LeaseMargin time.Duration
 	// FailOpen runs the handler unguarded when the store cannot answer a
 	// claim (logged and counted as idemq.CountFailOpen). Default false:
 	// fail-closed — the handler is not run and the delivery is requeued
@@ -78,6 +93,9 @@ func (c Config) withDefaults() Config {
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = c.Lease / 3
 	}
+	if c.LeaseMargin <= 0 {
+		c.LeaseMargin = min(c.Lease/5, (c.Lease-c.Heartbeat)/2)
+	}
 	if c.StoreRetryAfter <= 0 {
 		c.StoreRetryAfter = time.Second
 	}
@@ -91,6 +109,18 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+// validate reports a configuration the guard cannot run with. Call it on
+// a config with defaults applied.
+func (c Config) validate() error {
+	switch {
+	case c.Heartbeat >= c.Lease:
+		return fmt.Errorf("%w: Heartbeat %v must be shorter than Lease %v (the lease would expire between renewals)", ErrInvalidConfig, c.Heartbeat, c.Lease)
+	case c.LeaseMargin <= 0 || c.Heartbeat+c.LeaseMargin >= c.Lease:
+		return fmt.Errorf("%w: Heartbeat %v plus LeaseMargin %v must be shorter than Lease %v (the lease would be given up before its first renewal)", ErrInvalidConfig, c.Heartbeat, c.LeaseMargin, c.Lease)
+	}
+	return nil
 }
 
 // Key returns the store key of a message ID in a consumer group:
@@ -123,15 +153,45 @@ func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + 
 // invalid-id). The consumer group is the delivery's Group (its Queue when
 // empty). Counters go to idemq.RecorderFrom(ctx).
 //
+// A lost lease — a renewal finds the record gone or another owner's, or no
+// renewal has succeeded for Lease minus LeaseMargin (the store unreachable,
+// the process frozen) — cancels the handler's context with
+// idemq.ErrLeaseLost as its cause (see [Lease]; a handler checks its lease
+// in its own transaction with [LeaseFrom]). The delivery is then given
+// back, an in-place idemq.RequeueError with reason RequeueLeaseLost, and
+// never acked as processed: its next claim finds it done (acked as a
+// duplicate), held by another consumer (deferred) or free (run). A
+// handler that succeeds anyway is completed; it is acked only when
+// Complete succeeds with its own token, otherwise given back the same way
+// (Complete has recorded done if nobody holds the record). Each lost lease
+// is logged and counted as idemq.CountLeasesLost.
+//
 // Store calls stay outside any database transaction: put the guard outside
 // the inbox/transaction middleware, so the order is claim → begin → effect
 // → commit → complete → ack. Complete and Release run on a context that is
 // not cancelled with the handler's, bounded by StoreTimeout.
+//
+// Guard panics where [NewGuard] returns an error (a nil store, Heartbeat
+// not shorter than Lease): use NewGuard for a config read at run time.
 func Guard(store Store, cfg Config) idemq.Middleware {
+	mw, err := NewGuard(store, cfg)
+	if err != nil {
+		panic("dedup.Guard: " + err.Error())
+	}
+	return mw
+}
+
+// NewGuard is [Guard] returning an error, wrapping [ErrInvalidConfig], for
+// a configuration it cannot run with: a nil store, a Heartbeat not shorter
+// than Lease, a LeaseMargin that leaves no time for a renewal.
+func NewGuard(store Store, cfg Config) (idemq.Middleware, error) {
 	if store == nil {
-		panic("dedup.Guard: nil store")
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}
 	g := &guard{store: store, cfg: cfg.withDefaults()}
+	if err := g.cfg.validate(); err != nil {
+		return nil, err
+	}
 	if bs, ok := store.(BatchStore); ok && g.cfg.MaxBatch > 1 {
 		bc := coalesce.Config{MaxBatch: g.cfg.MaxBatch, Timeout: g.cfg.StoreTimeout}
 		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
@@ -145,7 +205,7 @@ func Guard(store Store, cfg Config) idemq.Middleware {
 		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 			return g.handle(ctx, d, next)
 		})
-	}
+	}, nil
 }
 
 type guard struct {
@@ -198,6 +258,7 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	token := rand.Text()
 	log := keyLog{g.cfg.Logger, key}
 
+	sent := time.Now() // the lease runs from no sooner than this
 	claim, err := g.claim(ctx, key, token)
 	if err != nil {
 		if errors.Is(err, ErrInvalidKey) {
@@ -251,31 +312,63 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	}
 
 	ctx, counted := idemq.TrackOutcome(ctx)
-	err = g.run(ctx, d, next, key, token, log)
+	lost, err := g.run(ctx, d, next, key, token, sent, log)
 	if err != nil {
+		if lost != nil {
+			// Cut short (or failed) after the lease was lost: not the
+			// message's fault, not processed. Give it back; its next
+			// claim decides.
+			rec.Add(idemq.CountLeasesLost, 1)
+			log.Warn("idemq: handler ended after its dedup lease was lost; delivery given back", "err", err, "lease", lost)
+			return idemq.RequeueInPlace(g.leaseLostRetryAfter(), RequeueLeaseLost, fmt.Errorf("%w (handler: %w)", lost, err))
+		}
 		return err
 	}
 	if !counted() { // an inbox below counts its own processed/duplicate
 		rec.Add(idemq.CountProcessed, 1)
 	}
-	g.complete(ctx, rec, key, token, log)
+	err = g.complete(ctx, rec, key, token, log)
+	if errors.Is(err, ErrLeaseLost) {
+		// The handler applied its effect without the lease: another
+		// consumer may have applied it too. Never acked as if all went
+		// well: given back, its next claim finds it done (Complete
+		// recorded it unless another owner holds it) or deferred.
+		rec.Add(idemq.CountLeasesLost, 1)
+		log.Error("idemq: dedup lease was lost before Complete: the effect was applied without it, a concurrent duplicate may have run; delivery given back", "err", err, "lease", lost)
+		return idemq.RequeueInPlace(g.leaseLostRetryAfter(), RequeueLeaseLost, fmt.Errorf("%w: %w", idemq.ErrLeaseLost, err))
+	}
+	if lost != nil {
+		log.Warn("idemq: dedup lease was given up while the handler ran, but the store still held it: completed", "lease", lost)
+	}
 	return nil
 }
 
-// run runs the handler under a heartbeat and releases the record when the
-// handler fails or panics.
-func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, log keyLog) (err error) {
-	stop := g.heartbeat(ctx, key, token, log)
+// leaseLostRetryAfter is how long a delivery whose lease was lost waits
+// before it comes back.
+func (g *guard) leaseLostRetryAfter() time.Duration {
+	if g.cfg.InFlightRetryAfter > 0 {
+		return g.cfg.InFlightRetryAfter
+	}
+	return time.Second
+}
+
+// run runs the handler under its lease (heartbeat, deadline, cancelled
+// context) and releases the record when the handler fails or panics. lost
+// says why the lease was lost while the handler ran, or is nil.
+func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, sent time.Time, log keyLog) (lost, err error) {
+	lease, hctx := g.newLease(ctx, key, token, sent)
+	lease.start(hctx)
 	ok := false
 	defer func() {
-		stop()
+		lost = lease.stop()
+		lease.cancel(ErrLeaseEnded)
 		if !ok {
-			g.release(ctx, key, token, log)
+			g.release(ctx, key, token, lost != nil, log)
 		}
 	}()
-	err = next.Handle(ctx, d)
+	err = next.Handle(hctx, d)
 	ok = err == nil
-	return err
+	return nil, err
 }
 
 // storeCtx is a context for a store call that must happen even when the
@@ -284,69 +377,38 @@ func (g *guard) storeCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(context.WithoutCancel(ctx), g.cfg.StoreTimeout)
 }
 
-// heartbeat renews the lease every Heartbeat while the handler runs. It is
-// a timer, not a goroutine: most handlers finish long before the first
-// renewal is due, and then it costs nothing but the timer. stop waits for a
-// renewal in progress.
-func (g *guard) heartbeat(ctx context.Context, key, token string, log keyLog) (stop func()) {
-	var mu sync.Mutex
-	stopped := false
-	var t *time.Timer
-	mu.Lock() // the callback must not run before t is set
-	defer mu.Unlock()
-	t = time.AfterFunc(g.cfg.Heartbeat, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return
-		}
-		sctx, cancel := g.storeCtx(ctx)
-		err := g.store.Extend(sctx, key, token, g.cfg.Lease)
-		cancel()
-		switch {
-		case err == nil:
-		case errors.Is(err, ErrLeaseLost):
-			log.Warn("idemq: dedup lease lost while the handler runs (it outlived its lease?)", "err", err)
-			return
-		default:
-			log.Warn("idemq: dedup lease renewal failed; retrying at the next heartbeat", "err", err)
-		}
-		t.Reset(g.cfg.Heartbeat)
-	})
-	return func() {
-		t.Stop()
-		mu.Lock()
-		stopped = true
-		mu.Unlock()
-	}
-}
-
-func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log keyLog) {
+// complete marks the record done, retrying a failing store a few times.
+// It returns nil when it did with our token, an error wrapping
+// ErrLeaseLost when the lease was lost, and nil after logging when the
+// store kept failing: the effect is applied, so acking is right then —
+// requeueing would run it again, as nothing records it.
+func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log keyLog) error {
 	var err error
 	for attempt, pause := 0, 50*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*4 {
 		if attempt > 0 {
 			time.Sleep(pause)
 		}
 		err = g.completeOnce(ctx, key, token)
-		if err == nil {
-			return
-		}
-		if errors.Is(err, ErrLeaseLost) {
-			rec.Add(idemq.CountLeasesLost, 1)
-			log.Warn("idemq: dedup lease was lost before Complete: the effect was applied, a concurrent duplicate may have run", "err", err)
-			return
+		if err == nil || errors.Is(err, ErrLeaseLost) {
+			return err
 		}
 	}
-	// The effect is applied: acking is right. Requeueing would run it again.
 	rec.Add(idemq.CountStoreErrors, 1)
 	log.Error("idemq: dedup Complete failed; the message is acked but not remembered, a later duplicate may run", "err", err)
+	return nil
 }
 
-func (g *guard) release(ctx context.Context, key, token string, log keyLog) {
+// release deletes the record if it is still ours. lost says the lease was
+// known lost (a refusal is then expected).
+func (g *guard) release(ctx context.Context, key, token string, lost bool, log keyLog) {
 	sctx, cancel := g.storeCtx(ctx)
 	err := g.store.Release(sctx, key, token)
 	cancel()
-	if err != nil {
+	switch {
+	case err == nil:
+	case lost && errors.Is(err, ErrLeaseLost):
+		log.Debug("idemq: dedup Release of a lost lease refused", "err", err)
+	default:
 		// Best effort: the lease expires by itself.
 		log.Warn("idemq: dedup Release failed; a redelivery waits for the lease to expire", "err", err)
 	}

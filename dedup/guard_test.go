@@ -197,11 +197,16 @@ func TestGuardRejectsMissingAndInvalidIDs(t *testing.T) {
 // The heartbeat keeps the lease alive while a handler runs far past it.
 func TestGuardHeartbeatExtendsTheLease(t *testing.T) {
 	h := newHarness()
-	const lease = 300 * time.Millisecond
+	// Renewals every 100ms; a renewal may come up to 380ms late (a busy
+	// machine, -race) before the guard gives the lease up.
+	const lease = 600 * time.Millisecond
 	key := dedup.Key("idemq", "g", "slow")
-	g := h.handler(dedup.Config{Lease: lease}, func(ctx context.Context, d *idemq.Delivery) error {
+	g := h.handler(dedup.Config{Lease: lease, Heartbeat: 100 * time.Millisecond}, func(ctx context.Context, d *idemq.Delivery) error {
 		start := time.Now()
-		for time.Since(start) < 4*lease {
+		for time.Since(start) < 3*lease {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("the handler's context ended: %w", context.Cause(ctx))
+			}
 			c, err := h.store.Claim(context.Background(), key, "intruder", time.Minute)
 			if err != nil || c.Result != dedup.InFlight {
 				return errors.New("the lease was not kept alive: " + c.Result.String())
@@ -221,22 +226,43 @@ func TestGuardHeartbeatExtendsTheLease(t *testing.T) {
 	}
 }
 
-// A lease lost while the handler ran is counted and logged; the delivery is
-// still acked (the effect was applied).
-func TestGuardLeaseLostIsCounted(t *testing.T) {
+// A lease found lost at Complete (the handler returned nil, unaware) is
+// counted and logged, and the delivery is given back, never acked as if
+// all went well: its redelivery is deferred while the other owner holds
+// the record, and acked as a duplicate once it completed.
+func TestGuardLeaseLostAtCompleteIsGivenBack(t *testing.T) {
 	h := newHarness()
 	key := dedup.Key("idemq", "g", "m1")
-	g := h.handler(dedup.Config{}, func(ctx context.Context, d *idemq.Delivery) error {
+	g := h.handler(dedup.Config{InFlightRetryAfter: 50 * time.Millisecond}, func(ctx context.Context, d *idemq.Delivery) error {
+		if h.runs > 1 {
+			return errors.New("ran again")
+		}
 		// An operator forgets the record and another consumer claims it.
 		_ = h.store.Forget(context.Background(), key)
 		_, err := h.store.Claim(context.Background(), key, "thief", time.Minute)
 		return err
 	})
-	if err := g.Handle(h.ctx, delivery("m1")); err != nil {
-		t.Fatalf("err = %v, want nil (ack)", err)
+	err := g.Handle(h.ctx, delivery("m1"))
+	var rq *idemq.RequeueError
+	if !errors.As(err, &rq) || rq.Reason != dedup.RequeueLeaseLost || !rq.InPlace || rq.After != 50*time.Millisecond ||
+		!errors.Is(err, idemq.ErrLeaseLost) || !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("err = %v, want an in-place %s requeue after 50ms", err, dedup.RequeueLeaseLost)
 	}
 	if n := h.counters.Get(idemq.CountLeasesLost); n != 1 {
 		t.Fatalf("leases lost = %d, want 1", n)
+	}
+	if rec, ok := h.record(t, "m1"); !ok || rec.Owner != "thief" {
+		t.Fatalf("record %+v ok=%v, want the thief's lease untouched", rec, ok)
+	}
+	// The redelivery while the thief holds it: deferred, not run.
+	if err := g.Handle(h.ctx, delivery("m1")); !errors.As(err, &rq) || rq.Reason != dedup.RequeueInFlight {
+		t.Fatalf("redelivery while held: %v, want an in-flight requeue", err)
+	}
+	if err := h.store.Complete(context.Background(), key, "thief", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Handle(h.ctx, delivery("m1")); err != nil || h.runs != 1 || h.counters.Get(idemq.CountDuplicates) != 1 {
+		t.Fatalf("redelivery once done: err %v runs %d duplicates %d, want nil, 1 and 1", err, h.runs, h.counters.Get(idemq.CountDuplicates))
 	}
 }
 

@@ -13,6 +13,9 @@ import (
 func TestMemoryConformance(t *testing.T) {
 	storetest.Run(t, storetest.Suite{
 		New: func(t *testing.T) dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) },
+		NewClocked: func(t *testing.T, now func() time.Time) dedup.Store {
+			return dedup.NewMemory(dedup.MemoryConfig{Now: now})
+		},
 		Broken: func(t *testing.T) dedup.Store {
 			m := dedup.NewMemory(dedup.MemoryConfig{})
 			_ = m.Close()

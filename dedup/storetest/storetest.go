@@ -33,6 +33,10 @@ type Suite struct {
 	// operation must fail with an error, never answer Done. Optional only
 	// for stores that cannot fail (memory).
 	Broken func(t *testing.T) dedup.Store
+	// NewClocked, when set, returns a fresh store whose clock is now (the
+	// memory store: MemoryConfig.Now). The model case then also runs long
+	// sequences on a clock the test drives. Optional.
+	NewClocked func(t *testing.T, now func() time.Time) dedup.Store
 	// Lease is the short lease the expiry cases use. Default 300ms; raise it
 	// for backends with a coarse clock (e.g. 1s for SQL stores that keep
 	// second precision).
@@ -67,6 +71,7 @@ func Run(t *testing.T, s Suite) {
 		{"BatchAnswersAsSingleCalls", batchAnswers},
 		{"BatchConcurrentOneAcquires", batchConcurrent},
 		{"BatchOnBrokenStoreFails", batchBroken},
+		{"RandomInterleavingsMatchTheModel", modelRandom},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, s) })
