@@ -352,6 +352,14 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	// own bookkeeping go to the broker directly.
 	co := o
 	var events []faultEvent
+	// The first dependency outage of the mode calls outageStarted; the
+	// publisher holds the second half of the transfers until then, so the
+	// outage always meets a backlog (the case that dead-lettered valid
+	// transfers), whatever the speeds.
+	outageSignal := make(chan struct{})
+	var outageOnce sync.Once
+	outageStarted := func() { outageOnce.Do(func() { close(outageSignal) }) }
+	holdForOutage := o.pg != nil || (o.redisOutages > 0 && (mode == modeDedup || mode == modeDedupNoPersist))
 	if o.proxyCuts > 0 {
 		u, err := url.Parse(o.amqpURL)
 		if err != nil {
@@ -410,7 +418,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 		for k := 1; k <= o.redisOutages; k++ {
 			// Between the restarts: a Redis down for seconds under a backlog.
 			events = append(events, faultEvent{at: (2*k - 1) * o.messages / (2 * (o.redisOutages + 1)), fire: func(ctx context.Context) error {
-				if err := rs.outage(ctx, o.redisOutageDur); err != nil {
+				if err := rs.outage(ctx, o.redisOutageDur, outageStarted); err != nil {
 					return err
 				}
 				l.redisOutages++
@@ -421,7 +429,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	if o.pg != nil {
 		for k := 1; k <= o.dbOutages; k++ {
 			events = append(events, faultEvent{at: (3*k - 1) * o.messages / (3 * (o.dbOutages + 1)), fire: func(ctx context.Context) error {
-				if err := o.pg.outage(ctx, o.dbOutageDur); err != nil {
+				if err := o.pg.outage(ctx, o.dbOutageDur, outageStarted); err != nil {
 					return err
 				}
 				l.dbOutages++
@@ -475,6 +483,14 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 		cutAt[i*o.messages/(o.cuts+1)+killEvery/2] = true
 	}
 	for i := 0; i < o.messages; i++ {
+		if holdForOutage && i == o.messages/2 {
+			select {
+			case <-outageSignal:
+			case <-pubCtx.Done():
+			case <-time.After(o.timeout / 2):
+				fmt.Fprintf(os.Stderr, "(no dependency outage started within %v; publishing on) ", o.timeout/2)
+			}
+		}
 		id := fmt.Sprintf("t-%s-%d", suffix, i)
 		amount := int64(1 + rng.IntN(100))
 		expected += amount

@@ -144,11 +144,13 @@ func (p *privatePostgres) stop(ctx context.Context) error {
 	return nil
 }
 
-// outage stops the server, keeps it down for d, and starts it again.
-func (p *privatePostgres) outage(ctx context.Context, d time.Duration) error {
+// outage stops the server, calls started, keeps it down for d, and starts
+// it again.
+func (p *privatePostgres) outage(ctx context.Context, d time.Duration, started func()) error {
 	if err := p.stop(ctx); err != nil {
 		return err
 	}
+	started()
 	select {
 	case <-time.After(d):
 	case <-ctx.Done():

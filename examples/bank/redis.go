@@ -162,8 +162,9 @@ func (r *privateRedis) restart(ctx context.Context) (kept bool, err error) {
 
 // outage SIGKILLs the server, keeps it down for d, and starts it again
 // on the same port and folder.
-func (r *privateRedis) outage(ctx context.Context, d time.Duration) error {
+func (r *privateRedis) outage(ctx context.Context, d time.Duration, started func()) error {
 	r.kill()
+	started()
 	select {
 	case <-time.After(d):
 	case <-ctx.Done():
