@@ -99,6 +99,9 @@ type ConsumerConfig struct {
 	Recorder Recorder
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Breaker pauses taking deliveries while a dependency is unavailable
+	// (see [BreakerConfig]). On by default.
+	Breaker BreakerConfig
 	// Dial overrides how the connection is made (tests use it to go through a
 	// fault-injecting proxy). Default amqp.DialConfig.
 	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
@@ -114,6 +117,7 @@ type Consumer struct {
 	rec      Recorder
 	log      *slog.Logger
 	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
+	brk      *breaker  // dependency outages (breaker.go)
 
 	mu      sync.Mutex
 	running bool
@@ -176,6 +180,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	// The handler's deadline is innermost: the middlewares keep a live
 	// context to release, roll back and republish after a timeout.
 	c.handler = Chain(c.deadline(h), append([]Middleware{Recover()}, cfg.Middleware...)...)
+	c.brk = newBreaker(cfg.Breaker, c.rec, c.log)
 	return c, nil
 }
 
@@ -304,7 +309,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	graceful := false
 loop:
 	for {
+		in, wake := c.brk.gate(ctx, deliveries) // nil while a dependency is down
 		select {
+		case <-wake:
 		case <-ctx.Done():
 			graceful = true
 			break loop
@@ -317,11 +324,12 @@ loop:
 		case tag := <-cancelled:
 			endErr = fmt.Errorf("consumer %s cancelled by the broker (queue deleted or failed over)", tag)
 			break loop
-		case d, ok := <-deliveries:
+		case d, ok := <-in:
 			if !ok {
 				endErr = errors.New("delivery stream closed")
 				break loop
 			}
+			c.brk.dispatched()
 			if !c.dispatch(ack, work, d) {
 				endErr = errors.New("acker closed")
 				break loop
@@ -386,6 +394,7 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 	defer c.watch.track(j.del)()
 	err := c.handler.Handle(ctx, j.del)
 	tag := j.d.DeliveryTag
+	c.brk.report(err)
 	if err == nil {
 		c.rec.Add(CountAcked, 1)
 		_ = ack.Ack(tag)
@@ -396,6 +405,12 @@ func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, 
 	if errors.As(err, &pe) {
 		c.rec.Add(CountPanics, 1)
 		c.log.Error("idemq: handler panicked", "message_id", j.del.LogID(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+	if IsUnavailable(err) {
+		c.rec.Add(CountUnavailable, 1)
+	}
+	if c.brk.giveBack(rq, tag, err, ctx.Err() != nil) {
+		return
 	}
 	var re *RequeueError
 	if errors.As(err, &re) {

@@ -28,6 +28,11 @@ const (
 	CountRetried        = "retried"           // sent to a delay queue for a later attempt
 	CountFailOpen       = "fail_open"         // processed without the dedup store (fail-open)
 	CountUncertain      = "dedup_uncertain"   // the store could not tell done from new (dedup.ErrUncertain)
+
+	// Dependency outages (see BreakerConfig).
+	CountUnavailable       = "dependency_unavailable" // deliveries given back: a dependency was unavailable (not an attempt)
+	CountDependencyOutages = "dependency_outages"     // times the breaker paused the consumer
+	CountPausedMillis      = "paused_ms"              // total time paused by the breaker, in milliseconds
 )
 
 // Recorder receives counter increments. It must be safe for concurrent use.

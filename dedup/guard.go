@@ -274,7 +274,9 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		rec.Add(idemq.CountStoreErrors, 1)
 		if !g.cfg.FailOpen {
 			log.Warn("idemq: dedup store unavailable; delivery requeued (fail-closed)", "err", err, "after", g.cfg.StoreRetryAfter)
-			return idemq.Requeue(g.cfg.StoreRetryAfter, RequeueStoreUnavailable, err)
+			// Unavailable: the failure policy gives the delivery back
+			// without counting an attempt, the consumer's breaker pauses.
+			return idemq.Requeue(g.cfg.StoreRetryAfter, RequeueStoreUnavailable, idemq.Unavailable(DependencyStore, err))
 		}
 		log.Warn("idemq: dedup store unavailable; running the handler unguarded (fail-open)", "err", err)
 		rec.Add(idemq.CountFailOpen, 1)

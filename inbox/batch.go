@@ -234,7 +234,7 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 	}
 	tx, err := drv.Begin(ctx)
 	if err != nil {
-		failAll(items, fmt.Errorf("inbox: batch begin: %w", err))
+		failAll(items, Classify(fmt.Errorf("inbox: batch begin: %w", err)))
 		return nil
 	}
 	rollback := func(err error) error {
@@ -258,7 +258,7 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 		}
 	}
 	if err := drv.Commit(ctx, tx); err != nil {
-		failAll(items, fmt.Errorf("inbox: batch commit: %w", err))
+		failAll(items, Classify(fmt.Errorf("inbox: batch commit: %w", err)))
 	}
 	return nil
 }
@@ -353,12 +353,12 @@ func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
 	drv := b.ib.drv
 	tx, err := drv.Begin(ctx)
 	if err != nil {
-		failAll(items, fmt.Errorf("inbox: batch begin: %w", err))
+		failAll(items, Classify(fmt.Errorf("inbox: batch begin: %w", err)))
 		return
 	}
 	abort := func(err error) {
 		_ = drv.Rollback(ctx, tx)
-		failAll(items, fmt.Errorf("inbox: batch aborted, transaction rolled back: %w", err))
+		failAll(items, Classify(fmt.Errorf("inbox: batch aborted, transaction rolled back: %w", err)))
 	}
 	for _, it := range items {
 		if _, err := drv.Exec(ctx, tx, spCreate); err != nil {
@@ -388,7 +388,7 @@ func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
 	if err := drv.Commit(ctx, tx); err != nil {
 		for _, it := range items {
 			if it.err == nil {
-				it.err = fmt.Errorf("inbox: batch commit: %w", err)
+				it.err = Classify(fmt.Errorf("inbox: batch commit: %w", err))
 			}
 			it.dup = false
 		}

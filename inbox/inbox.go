@@ -155,7 +155,7 @@ func (ib *Inbox[T]) Config() Config { return ib.cfg }
 func (ib *Inbox[T]) Migrate(ctx context.Context) error {
 	tx, err := ib.drv.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("inbox: migrate %s: begin: %w", ib.cfg.Table, err)
+		return Classify(fmt.Errorf("inbox: migrate %s: begin: %w", ib.cfg.Table, err))
 	}
 	for i, q := range ib.st.migrate {
 		var args []any
@@ -164,11 +164,11 @@ func (ib *Inbox[T]) Migrate(ctx context.Context) error {
 		}
 		if _, err := ib.drv.Exec(ctx, tx, q, args...); err != nil {
 			_ = ib.drv.Rollback(ctx, tx)
-			return fmt.Errorf("inbox: migrate %s: %w", ib.cfg.Table, err)
+			return Classify(fmt.Errorf("inbox: migrate %s: %w", ib.cfg.Table, err))
 		}
 	}
 	if err := ib.drv.Commit(ctx, tx); err != nil {
-		return fmt.Errorf("inbox: migrate %s: commit: %w", ib.cfg.Table, err)
+		return Classify(fmt.Errorf("inbox: migrate %s: commit: %w", ib.cfg.Table, err))
 	}
 	return nil
 }
@@ -200,7 +200,7 @@ func (ib *Inbox[T]) insert(ctx context.Context, tx T, group, id string) (bool, e
 		if ib.isDuplicate(err) {
 			return false, nil
 		}
-		return false, fmt.Errorf("inbox: insert row: %w", err)
+		return false, Classify(fmt.Errorf("inbox: insert row: %w", err))
 	}
 	return n > 0, nil
 }
@@ -238,7 +238,7 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	rec := idemq.RecorderFrom(ctx)
 	tx, err := ib.drv.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("inbox: begin: %w", err)
+		return Classify(fmt.Errorf("inbox: begin: %w", err))
 	}
 	done := false
 	defer func() {
@@ -265,11 +265,11 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 		if rbErr := ib.drv.Rollback(context.WithoutCancel(ctx), tx); rbErr != nil {
 			ib.log.Warn("inbox: rollback after handler error failed", "message_id", id, "err", rbErr)
 		}
-		return err
+		return Classify(err) // a lost connection is not the message's fault
 	}
 	done = true
 	if err := ib.drv.Commit(ctx, tx); err != nil {
-		return fmt.Errorf("inbox: commit: %w", err)
+		return Classify(fmt.Errorf("inbox: commit: %w", err))
 	}
 	rec.Add(idemq.CountProcessed, 1)
 	idemq.MarkOutcomeCounted(ctx)

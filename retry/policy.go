@@ -274,6 +274,9 @@ func (p *policy) Handle(ctx context.Context, d *idemq.Delivery) error {
 		if err == nil {
 			return nil
 		}
+		if idemq.IsUnavailable(err) && ctx.Err() == nil {
+			return p.unavailable(ctx, d, err) // not an attempt: see unavailable.go
+		}
 		var rq *idemq.RequeueError
 		if idemq.IsPermanent(err) || errors.As(err, &rq) || ctx.Err() != nil {
 			break

@@ -171,14 +171,26 @@ ON CONFLICT (id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance`
 
 func consume(ctx context.Context, o consumeOpts) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	pool, err := pgxpool.New(ctx, o.pgURL)
+	pcfg, err := pgxpool.ParseConfig(o.pgURL)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg) // lazy: connects on first use
 	if err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	defer pool.Close()
-	if err := migrate(ctx, pool); err != nil {
+	// A process started while PostgreSQL is down (restarted by its
+	// supervisor mid-outage) waits for it, as the consumer waits for the
+	// broker, instead of exiting.
+	if err := waitFor(ctx, log, "postgres", func(ctx context.Context) error { return migrate(ctx, pool) }); err != nil {
+		if ctx.Err() != nil {
+			return nil // SIGTERM while waiting: a clean exit
+		}
 		return err
 	}
+	probes := []func(context.Context) error{pool.Ping}
 	q := bankQueue(o.queue, o.queueType)
 	topo := topology.Topology{Queues: []topology.Queue{q}}
 	setup := topology.SetupFunc(topo)
@@ -212,7 +224,7 @@ func consume(ctx context.Context, o consumeOpts) error {
 	ownTx := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
 		if err != nil {
-			return err
+			return inbox.Classify(err) // a lost database is not the message's fault
 		}
 		crash(crashAfterCommit)
 		return nil
@@ -237,19 +249,28 @@ func consume(ctx context.Context, o consumeOpts) error {
 		defer rc.Close()
 		store := redisstore.New(rc, redisstore.Config{})
 		mws = append(mws, dedup.Guard(store, dedup.Config{Prefix: "bank", Lease: o.lease, Logger: log}))
+		probes = append(probes, dedup.Probe(store))
 		handler = ownTx
 	case "inbox":
-		ib, err := inboxpg.New(ctx, pool, inbox.Config{Logger: log})
+		var ib *inbox.Inbox[pgx.Tx]
+		err := waitFor(ctx, log, "postgres (inbox table)", func(ctx context.Context) (err error) {
+			ib, err = inboxpg.New(ctx, pool, inbox.Config{Logger: log})
+			return err
+		})
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("inbox: %w", err)
 		}
+		probes = append(probes, ib.Probe)
 		mws = append(mws, hook(func() { crash(crashAfterCommit) }, nil))
 		handler = ib.Handler(effect)
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		URL: o.amqpURL, Queue: o.queue, Group: "bank", Prefetch: o.prefetch, Workers: o.workers,
 		Setup: setup, Middleware: mws, Recorder: &counters, Logger: log,
-		ShutdownTimeout: 10 * time.Second,
+		ShutdownTimeout: 10 * time.Second, Breaker: idemq.BreakerConfig{Probes: probes},
 	}, handler)
 	if err != nil {
 		return err

@@ -39,6 +39,12 @@ type demoOpts struct {
 	jsonOut                  string
 	redisRestarts, proxyCuts int
 	brokerRestarts           int
+	// Dependency outages: the mode's PostgreSQL (a private server of the
+	// demo's, pg) and the dedup modes' private Redis are stopped for a
+	// while during the backlog.
+	dbOutages, redisOutages     int
+	dbOutageDur, redisOutageDur time.Duration
+	pg                          *privatePostgres
 }
 
 // Mode names. modeDedupNoPersist is dedup against a private Redis without
@@ -75,6 +81,10 @@ func demoMain(args []string) error {
 	fs.IntVar(&o.redisRestarts, "redis-restarts", -1, "with N > 0, the dedup modes use a private redis-server (dedup: --appendonly yes --appendfsync always; dedup-nopersist: no persistence) that is SIGKILLed and restarted N times mid-run; 0: dedup uses the shared Redis; -1: as many as --cuts")
 	fs.IntVar(&o.proxyCuts, "proxy-cuts", -1, "consumers reach the broker through a TCP proxy of the demo's that cuts all their connections N times mid-run, per mode (0: no proxy; -1: as many as --cuts)")
 	fs.IntVar(&o.brokerRestarts, "broker-restarts", 0, "restarts of the broker (rabbitmqctl stop_app, start_app) mid-run, per mode: every client of the broker sees them")
+	fs.IntVar(&o.dbOutages, "db-outages", 0, "with N > 0, the demo runs a private PostgreSQL of its own (initdb) and stops it (pg_ctl stop -m immediate) for --db-outage-duration N times mid-run, per mode")
+	fs.DurationVar(&o.dbOutageDur, "db-outage-duration", 5*time.Second, "how long each --db-outages outage lasts")
+	fs.IntVar(&o.redisOutages, "redis-outages", 0, "with N > 0, the dedup modes' private Redis is SIGKILLed and kept down for --redis-outage-duration N times mid-run, per mode")
+	fs.DurationVar(&o.redisOutageDur, "redis-outage-duration", 5*time.Second, "how long each --redis-outages outage lasts")
 	fs.DurationVar(&o.timeout, "timeout", 100*time.Second, "time allowed per mode")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
 	fs.StringVar(&o.jsonOut, "json", "", "also write the ledgers as JSON to this file")
@@ -98,6 +108,11 @@ func demoMain(args []string) error {
 			o.redisRestarts = 0
 		}
 	}
+	if o.redisOutages > 0 {
+		if _, err := exec.LookPath("redis-server"); err != nil {
+			return fmt.Errorf("--redis-outages %d: %w", o.redisOutages, errNoRedisServer)
+		}
+	}
 	if modes == "" {
 		modes = "none,dedup,inbox"
 		if o.redisRestarts > 0 {
@@ -115,13 +130,22 @@ func demoMain(args []string) error {
 	}
 	ctx, stop := signalContext()
 	defer stop()
+	if o.dbOutages > 0 {
+		pg, err := startPrivatePostgres(ctx)
+		if err != nil {
+			return fmt.Errorf("--db-outages %d: %w", o.dbOutages, err)
+		}
+		defer pg.remove()
+		o.pg, o.pgURL = pg, pg.url()
+	}
 	fmt.Printf("idemq bank demo: %d transfers per mode (+%d%% resent with the same ID, +%d malformed), %d consumer processes,\n",
 		o.messages, o.resendPct, len(badMessages()), o.consumers)
 	fmt.Printf("%d kill -9 per mode + self-kills at every crash point (rate %.3f), %d broker connection cut(s),\n",
 		o.kills, o.crashRate, o.cuts)
 	fmt.Printf("%d proxy cut(s) of every consumer connection, %d kill -9 + restart(s) of the dedup modes' private Redis,\n",
 		o.proxyCuts, o.redisRestarts)
-	fmt.Printf("%d broker restart(s).\n\n", o.brokerRestarts)
+	fmt.Printf("%d broker restart(s), %d PostgreSQL outage(s) of %v, %d Redis outage(s) of %v.\n\n",
+		o.brokerRestarts, o.dbOutages, o.dbOutageDur, o.redisOutages, o.redisOutageDur)
 	var ledgers []*ledger
 	for _, m := range o.modes {
 		fmt.Printf("running mode %-15s ... ", m)
@@ -180,6 +204,11 @@ type ledger struct {
 	brokerRestarts           int
 	// stuck counts consumers that did not exit within stopGrace of SIGTERM.
 	stuck int
+	// dbOutages and redisOutages count the dependency outages that ran;
+	// validDead the valid transfers found in the DLQ (must be 0).
+	dbOutages, redisOutages int
+	validDead               int
+	outagesSeen             int64
 }
 
 // Ledger is the JSON form of one mode's results (bank demo --json).
@@ -218,6 +247,14 @@ type Ledger struct {
 	// StuckOnSigterm counts consumers still running a minute after SIGTERM
 	// (then SIGQUIT for a goroutine dump in their log, then SIGKILL).
 	StuckOnSigterm int `json:"stuck_on_sigterm"`
+	// DBOutages and RedisOutages count the dependency outages injected;
+	// ValidDeadLettered the valid transfers dead-lettered (a dependency
+	// outage is not the message's fault: must be 0); OutagesSeen the
+	// consumers' breaker pauses (dependency_outages, summed).
+	DBOutages         int   `json:"db_outages"`
+	RedisOutages      int   `json:"redis_outages"`
+	ValidDeadLettered int   `json:"valid_dead_lettered"`
+	OutagesSeen       int64 `json:"consumer_pauses"`
 }
 
 func writeLedgers(path string, ls []*ledger) error {
@@ -228,7 +265,8 @@ func writeLedgers(path string, ls []*ledger) error {
 			AppliedTwice: l.twice, Lost: l.lost, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
-			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck})
+			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck,
+			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, OutagesSeen: l.outagesSeen})
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
@@ -241,7 +279,7 @@ func (l *ledger) exact() bool {
 	// A consumer killed between publishing a dead letter and acking the
 	// original dead-letters it again on redelivery: duplicated dead letters
 	// are allowed, missing ones are not.
-	return l.lost == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad
+	return l.lost == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad && l.validDead == 0
 }
 
 // badMessages are the malformed transfers every mode must dead-letter.
@@ -314,6 +352,14 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	// own bookkeeping go to the broker directly.
 	co := o
 	var events []faultEvent
+	// The first dependency outage of the mode calls outageStarted; the
+	// publisher holds the second half of the transfers until then, so the
+	// outage always meets a backlog (the case that dead-lettered valid
+	// transfers), whatever the speeds.
+	outageSignal := make(chan struct{})
+	var outageOnce sync.Once
+	outageStarted := func() { outageOnce.Do(func() { close(outageSignal) }) }
+	holdForOutage := o.pg != nil || (o.redisOutages > 0 && (mode == modeDedup || mode == modeDedupNoPersist))
 	if o.proxyCuts > 0 {
 		u, err := url.Parse(o.amqpURL)
 		if err != nil {
@@ -346,7 +392,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 		}})
 	}
 	switch {
-	case mode == modeDedup && o.redisRestarts == 0:
+	case mode == modeDedup && o.redisRestarts == 0 && o.redisOutages == 0:
 		l.redis = "shared"
 	case mode == modeDedup || mode == modeDedupNoPersist:
 		rs, err := startPrivateRedis(ctx, dir, mode == modeDedup)
@@ -366,6 +412,27 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 				if kept {
 					l.redisKept++
 				}
+				return nil
+			}})
+		}
+		for k := 1; k <= o.redisOutages; k++ {
+			// Between the restarts: a Redis down for seconds under a backlog.
+			events = append(events, faultEvent{at: (2*k - 1) * o.messages / (2 * (o.redisOutages + 1)), fire: func(ctx context.Context) error {
+				if err := rs.outage(ctx, o.redisOutageDur, outageStarted); err != nil {
+					return err
+				}
+				l.redisOutages++
+				return nil
+			}})
+		}
+	}
+	if o.pg != nil {
+		for k := 1; k <= o.dbOutages; k++ {
+			events = append(events, faultEvent{at: (3*k - 1) * o.messages / (3 * (o.dbOutages + 1)), fire: func(ctx context.Context) error {
+				if err := o.pg.outage(ctx, o.dbOutageDur, outageStarted); err != nil {
+					return err
+				}
+				l.dbOutages++
 				return nil
 			}})
 		}
@@ -416,6 +483,14 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 		cutAt[i*o.messages/(o.cuts+1)+killEvery/2] = true
 	}
 	for i := 0; i < o.messages; i++ {
+		if holdForOutage && i == o.messages/2 {
+			select {
+			case <-outageSignal:
+			case <-pubCtx.Done():
+			case <-time.After(o.timeout / 2):
+				fmt.Fprintf(os.Stderr, "(no dependency outage started within %v; publishing on) ", o.timeout/2)
+			}
+		}
 		id := fmt.Sprintf("t-%s-%d", suffix, i)
 		amount := int64(1 + rng.IntN(100))
 		expected += amount
@@ -495,6 +570,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 		l.dups += s[idemq.CountDuplicates]
 		l.reconnects += s[idemq.CountReconnects]
 		l.storeErrors += s[idemq.CountStoreErrors]
+		l.outagesSeen += s[idemq.CountDependencyOutages]
 	}
 
 	counts, err := appliedCounts(ctx, pool)
@@ -515,13 +591,16 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	if err := pool.QueryRow(ctx, `SELECT COALESCE(SUM(balance),0) FROM accounts`).Scan(&l.actual); err != nil {
 		return nil, err
 	}
-	dls, err := drainReasons(o.amqpURL, q.Name+".dlq")
+	dls, ids, err := drainReasons(o.amqpURL, q.Name+".dlq")
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range dls {
+	for i, r := range dls {
 		l.deadLettered++
 		l.reasons[r]++
+		if strings.HasPrefix(ids[i], "t-"+suffix+"-") {
+			l.validDead++
+		}
 	}
 	return l, nil
 }
@@ -682,25 +761,28 @@ func queueDepth(amqpURL, queue string) (int, error) {
 	return q.Messages, nil
 }
 
-func drainReasons(amqpURL, queue string) ([]string, error) {
+// drainReasons takes every dead letter and returns their reasons and
+// message IDs.
+func drainReasons(amqpURL, queue string) ([]string, []string, error) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
+	var out, ids []string
 	for {
 		d, ok, err := ch.Get(queue, true)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if !ok {
-			return out, nil
+			return out, ids, nil
 		}
+		ids = append(ids, d.MessageId)
 		r, _ := d.Headers["x-idemq-reason"].(string)
 		if r == "" {
 			r = "?"
@@ -941,6 +1023,11 @@ func printLedgers(w io.Writer, ls []*ledger) {
 		return redisOnly(l, fmt.Sprintf("%d (%d)", l.redisRestarts, l.redisKept))
 	})
 	row("dedup store errors (≈)", func(l *ledger) string { return redisOnly(l, itoa(l.storeErrors)) })
+	row("PostgreSQL / Redis outages", func(l *ledger) string {
+		return fmt.Sprintf("%d/%s", l.dbOutages, redisOnly(l, itoa(int64(l.redisOutages))))
+	})
+	row("consumer pauses (breaker) (≈)", func(l *ledger) string { return itoa(l.outagesSeen) })
+	row("valid transfers dead-lettered", func(l *ledger) string { return itoa(int64(l.validDead)) })
 	row("transfers applied", func(l *ledger) string { return itoa(int64(l.applied)) })
 	row("transfers applied twice or more", func(l *ledger) string { return itoa(int64(l.twice)) })
 	row("transfers lost", func(l *ledger) string { return itoa(int64(l.lost)) })

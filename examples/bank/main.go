@@ -6,6 +6,7 @@
 //	bank consume [--mode none|dedup|inbox] [--queue bank.transfers] [--queue-type quorum|classic]
 //	             [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
 //	bank demo    [--messages N] [--kills N] [--cuts N] [--proxy-cuts N] [--redis-restarts N]
+//	             [--db-outages N --db-outage-duration D] [--redis-outages N --redis-outage-duration D]
 //	             [--modes none,dedup,dedup-nopersist,inbox]
 //
 // The demo's faults: consumers SIGKILLed (by the demo and by themselves at
@@ -14,7 +15,11 @@
 // of the demo's (--proxy-cuts), and SIGKILL + restart of a private
 // redis-server used by the dedup modes (--redis-restarts): with an
 // append-only file fsynced on every write for dedup, without persistence
-// for dedup-nopersist.
+// for dedup-nopersist. The dependency-outage phase (--db-outages,
+// --redis-outages) stops a private PostgreSQL of the demo's (pg_ctl stop -m
+// immediate) or the dedup modes' private Redis for a while during a backlog:
+// consumers pause (breaker), a consumer started mid-outage waits, and no
+// valid transfer may be dead-lettered.
 //
 // A transfer is a persistent message on the default exchange, routing key
 // the queue name, message_id the transfer ID and body

@@ -160,5 +160,17 @@ func (r *privateRedis) restart(ctx context.Context) (kept bool, err error) {
 	return n == 1, nil
 }
 
+// outage SIGKILLs the server, keeps it down for d, and starts it again
+// on the same port and folder.
+func (r *privateRedis) outage(ctx context.Context, d time.Duration, started func()) error {
+	r.kill()
+	started()
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+	return r.start(context.WithoutCancel(ctx))
+}
+
 // stop kills the server for good.
 func (r *privateRedis) stop() { r.kill() }

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/topology"
+)
+
+// A `bank consume` started while its PostgreSQL is down (restarted by its
+// supervisor mid-outage) keeps running, waiting for the database with
+// backoff, and processes the backlog once the database is back — it does
+// not exit with "failed to connect".
+func TestConsumeStartsDuringOutage(t *testing.T) {
+	testenv.RequireAMQP(t)
+	bin := buildBank(t)
+	pg := testenv.StartPrivatePostgres(t)
+	db := pg.CreateDB("bank")
+	queue := testenv.Name(t, "bank")
+	q := bankQueue(queue, "classic")
+	t.Cleanup(func() {
+		p := topology.ForQueue(q)
+		names := []string{p.Queue, p.DLQ}
+		for _, r := range p.Retries {
+			names = append(names, r.Name)
+		}
+		testenv.DeleteQueue(names...)
+	})
+	if err := topology.Declare(context.Background(), testenv.Channel(t), topology.Topology{Queues: []topology.Queue{q}}); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []amqp.Publishing
+	var want int64
+	for i := 0; i < 30; i++ {
+		want += int64(i + 1)
+		msgs = append(msgs, amqp.Publishing{MessageId: fmt.Sprintf("t-%d", i), ContentType: "application/json",
+			Body: []byte(fmt.Sprintf(`{"account":"acc-%d","amount":%d}`, i%3, i+1))})
+	}
+	testenv.Publish(t, "", queue, msgs...) // the backlog
+
+	pg.Stop()
+	logPath := filepath.Join(t.TempDir(), "consume.log")
+	out, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "consume", "--mode", "inbox", "--queue", queue, "--queue-type", "classic",
+		"--postgres", db, "--workers", "2", "--prefetch", "10")
+	cmd.Env = testenv.Env()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	logText := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	testenv.Eventually(t, 30*time.Second, "consume to report it waits for PostgreSQL", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("bank consume exited while PostgreSQL is down (%v):\n%s", err, logText())
+		default:
+		}
+		return strings.Contains(logText(), "waiting for it")
+	})
+	pg.Start()
+	testenv.Eventually(t, 60*time.Second, "the backlog applied once PostgreSQL is back", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("bank consume exited (%v):\n%s", err, logText())
+		default:
+		}
+		got, _ := balance(t, db)
+		return got >= want
+	})
+	if got, _ := balance(t, db); got != want {
+		t.Fatalf("balance %d, want %d", got, want)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v\n%s", err, logText())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("did not exit within 30s of SIGTERM")
+	}
+}
+
+// The demo's dependency-outage phase, short: per mode, the demo's private
+// PostgreSQL is stopped for a few seconds during a backlog (the publisher
+// holds half the transfers until the outage starts), and the dedup mode's
+// private Redis killed and kept down for a few seconds. No consumer is
+// killed here, so the outage meets running consumers (one restarted
+// mid-outage waits at start: TestConsumeStartsDuringOutage). No valid
+// transfer is dead-lettered, none is lost, inbox is exact. make chaos runs
+// the long version (outages of tens of seconds, with kills).
+func TestDependencyOutageShort(t *testing.T) {
+	testenv.RequireAMQP(t)
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		testenv.Unavailable(t, "redis-server (binary)", "PATH", err)
+	}
+	bin := buildBank(t)
+	ls := runDemo(t, bin, "--modes", "none,dedup,inbox", "--messages", "200", "--kills", "0", "--cuts", "0",
+		"--proxy-cuts", "0", "--redis-restarts", "0", "--crash-rate", "0",
+		"--db-outages", "1", "--db-outage-duration", "3s", "--redis-outages", "1", "--redis-outage-duration", "3s",
+		"--timeout", "90s")
+	if len(ls) != 3 {
+		t.Fatalf("%d modes ran, want 3", len(ls))
+	}
+	for _, l := range ls {
+		if l.Lost != 0 {
+			t.Errorf("%s: %d transfers lost", l.Mode, l.Lost)
+		}
+		if l.ValidDeadLettered != 0 {
+			t.Errorf("%s: %d valid transfers dead-lettered during the outages (reasons %v)", l.Mode, l.ValidDeadLettered, l.Reasons)
+		}
+		if l.DeadLettered < l.Malformed {
+			t.Errorf("%s: %d dead letters, want at least %d", l.Mode, l.DeadLettered, l.Malformed)
+		}
+		if l.DBOutages != 1 {
+			t.Errorf("%s: %d PostgreSQL outages ran, want 1", l.Mode, l.DBOutages)
+		}
+		if l.Mode == "dedup" && l.RedisOutages != 1 {
+			t.Errorf("dedup: %d Redis outages ran, want 1", l.RedisOutages)
+		}
+		if l.StuckOnSigterm != 0 {
+			t.Errorf("%s: %d consumers did not exit on SIGTERM", l.Mode, l.StuckOnSigterm)
+		}
+		if l.Mode == "inbox" && !l.Exact {
+			t.Errorf("inbox not exact: %+v", l)
+		}
+	}
+}
