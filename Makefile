@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down test test-unit demo chaos quickstart bench bench-smoke vet fmt
+.PHONY: services env status down test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -30,6 +30,28 @@ test: services vet ## start services, run every test with the race detector
 	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags faults -p 1 -run '^TestFault' ./...
 	$(ENV) && cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -run '^$$' -bench . -benchtime=200x -timeout 10m .
+	$(MAKE) --no-print-directory fuzz
+
+# Every fuzz target of the module, as "package FuzzName". make test runs each
+# for FUZZTIME on top of its seed corpus (which plain go test already runs).
+FUZZ_TARGETS := \
+	. FuzzMessageID \
+	. FuzzFromJSONField \
+	. FuzzContentHeaderPayloadSize \
+	./retry FuzzParseXDeath \
+	./retry FuzzAttemptHeaders \
+	./topology FuzzParseTopology \
+	./outbox FuzzDecodeHeaders \
+	./internal/redact FuzzRedactDSN \
+	./internal/redact FuzzRedactURL \
+	./examples/bank FuzzParseTransfer
+FUZZTIME ?= 4s
+fuzz: ## a short run of every fuzz target (FUZZTIME each; make fuzz FUZZTIME=5m for a long one)
+	@set -e; set -- $(FUZZ_TARGETS); while [ $$# -gt 0 ]; do \
+		echo "fuzz $$1 $$2 ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$2$$" -fuzztime $(FUZZTIME) "$$1" >/tmp/idemq-fuzz.$$$$.log 2>&1 || { cat /tmp/idemq-fuzz.$$$$.log; rm -f /tmp/idemq-fuzz.$$$$.log; exit 1; }; \
+		rm -f /tmp/idemq-fuzz.$$$$.log; shift 2; \
+	done
 
 test-unit:
 	$(GO) test -race -count=1 ./internal/...
