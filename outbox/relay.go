@@ -382,6 +382,11 @@ func (r *Relay) failed(ctx context.Context, row Row, err error) {
 		reason = string(perm)
 	case errors.Is(err, idemq.ErrUnroutable):
 		reason = "unroutable: " + err.Error()
+	case errors.Is(err, idemq.ErrMessageTooLarge):
+		// No retry makes the headers fit the broker's frame size.
+		reason = "too-large: " + err.Error()
+	case errors.Is(err, idemq.ErrInvalidHeaders):
+		reason = "invalid-headers: " + err.Error()
 	case errors.Is(err, idemq.ErrClosed):
 		// The publisher is closing: hand the row back untouched.
 		r.settle(ctx, "release", func(c context.Context) error {

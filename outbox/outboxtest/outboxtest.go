@@ -656,6 +656,11 @@ func unroutable(t *testing.T, s Suite) {
 	lost := e.msg("unroutable-1")
 	lost.RoutingKey = "no-queue-" + e.queue
 	e.add(lost)
+	// Headers that cannot fit the broker's frame size: no retry helps, so
+	// the row fails at its first attempt (it used to burn MaxAttempts).
+	huge := e.msg("too-large-1")
+	huge.Headers = amqp.Table{"x-huge": strings.Repeat("h", 140<<10)}
+	e.add(huge)
 	e.add(e.msg("keeps-failing"))
 	ids := e.addN("ok", 10, 5)
 	var rec idemq.Counters
@@ -665,11 +670,15 @@ func unroutable(t *testing.T, s Suite) {
 		cfg.Publisher = failingPublisher{Publisher: cfg.Publisher, id: "keeps-failing"}
 	})
 	testenv.Eventually(t, 30*time.Second, "routable messages consumed", func() bool { return c.hasAll(ids) })
-	e.waitState(outbox.StateFailed, 2, 45*time.Second)
+	e.waitState(outbox.StateFailed, 3, 45*time.Second)
 	e.waitState(outbox.StateSent, 10, 30*time.Second)
 	info := rowInfo(t, e.store)
 	for _, r := range info {
 		switch r.MessageID {
+		case "too-large-1":
+			if r.State != outbox.StateFailed || !strings.Contains(r.LastError, "too-large") || r.Attempts != 1 {
+				t.Errorf("too-large row: %+v", r)
+			}
 		case "unroutable-1":
 			if r.State != outbox.StateFailed || !strings.Contains(r.LastError, "unroutable") || r.Attempts != 1 {
 				t.Errorf("unroutable row: %+v", r)
@@ -683,9 +692,9 @@ func unroutable(t *testing.T, s Suite) {
 	}
 	// The relay counts a failed row after its UPDATE committed: the rows
 	// may be seen failed a moment before the counter moves.
-	testenv.Eventually(t, 10*time.Second, "failed counter reaches 2", func() bool { return rec.Get(outbox.CountRelayFailed) >= 2 })
-	if got := rec.Get(outbox.CountRelayFailed); got != 2 {
-		t.Errorf("failed counter = %d, want 2", got)
+	testenv.Eventually(t, 10*time.Second, "failed counter reaches 3", func() bool { return rec.Get(outbox.CountRelayFailed) >= 3 })
+	if got := rec.Get(outbox.CountRelayFailed); got != 3 {
+		t.Errorf("failed counter = %d, want 3", got)
 	}
 }
 
