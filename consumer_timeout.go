@@ -155,7 +155,7 @@ func (c *Consumer) deadline(h Handler) Handler {
 		cause := fmt.Errorf("%w after %v", ErrHandlerTimeout, limit)
 		hctx, cancel := context.WithDeadlineCause(ctx, at, cause)
 		defer cancel()
-		err := h.Handle(hctx, d)
+		err := h.Handle(askParent{Context: hctx, parent: ctx}, d)
 		if err == nil || hctx.Err() == nil || ctx.Err() != nil {
 			// Success (even a late one: the effect is applied, ack it),
 			// a failure of its own, or the consumer's context ended
@@ -336,4 +336,30 @@ func (c *Consumer) timedOutBelowBroker(ack *acker.Acker, j job, err error) bool 
 		c.rec.Add(CountRequeued, 1)
 	}
 	return true
+}
+
+// askParent is a context derived from parent that asks parent first
+// whenever it is asked whether it is done. A parent that decides on
+// demand (the dedup guard's lease context checks the lease's age when
+// asked, so a process thawed after a freeze sees its lease lost before its
+// late timers fire) still hears the question through the handler deadline,
+// and its cancellation reaches the child synchronously (the child is
+// registered with the parent's cancelCtx).
+type askParent struct {
+	context.Context
+	parent context.Context
+}
+
+func (c askParent) Done() <-chan struct{} {
+	if c.parent.Err() != nil {
+		return c.parent.Done()
+	}
+	return c.Context.Done()
+}
+
+func (c askParent) Err() error {
+	if err := c.parent.Err(); err != nil {
+		return err
+	}
+	return c.Context.Err()
 }

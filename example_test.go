@@ -16,7 +16,7 @@ func ExampleConsumer() {
 		Prefetch: 200, // default
 		Workers:  4,   // default
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		id, _ := d.ID() // the message ID, decided once by the consumer (ConsumerConfig.ID)
+		id, _ := d.ID()               // the message ID, decided once by the consumer (ConsumerConfig.ID)
 		return apply(ctx, id, d.Body) // nil acks; an error goes to the failure policy
 	}))
 	if err != nil {

@@ -22,7 +22,11 @@ func TestPolicyUnavailableIsNotAnAttempt(t *testing.T) {
 			runs++
 			return idemq.Unavailable("database", errors.New("connection refused"))
 		}), retry.Policy(retry.Config{QuickAttempts: 3, MaxAttempts: 3}))
-		d := &idemq.Delivery{MessageID: "m", Queue: "q", Headers: amqp.Table{retry.HeaderAttempt: attempt}}
+		// As it comes back from a retry queue (idemq's own retry path:
+		// default exchange, routing key = the queue, the queue marker),
+		// so its attempt header is trusted.
+		d := &idemq.Delivery{MessageID: "m", Queue: "q", RoutingKey: "q",
+			Headers: amqp.Table{retry.HeaderAttempt: attempt, retry.HeaderQueue: "q"}}
 		err := h.Handle(context.Background(), d)
 		var rq *idemq.RequeueError
 		if !errors.As(err, &rq) || !rq.InPlace || rq.After <= 0 {

