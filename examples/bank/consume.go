@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,8 @@ type consumeOpts struct {
 	stats                    string
 	crash                    map[string]bool
 	crashRate                float64
+	// freeze is the demo's freeze hook (IDEMQ_BANK_FREEZE=1); nil otherwise.
+	freeze *freezeArm
 }
 
 func envOr(name, def string) string {
@@ -91,6 +94,9 @@ func consumeMain(args []string) error {
 			return fmt.Errorf("IDEMQ_BANK_CRASH_RATE: %w", err)
 		}
 		o.crashRate = v
+	}
+	if os.Getenv("IDEMQ_BANK_FREEZE") == "1" {
+		o.freeze = newFreezeArm()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -218,6 +224,7 @@ func consume(ctx context.Context, o consumeOpts) error {
 			return fmt.Errorf("record: %w", err)
 		}
 		crash(crashInHandler)
+		o.freeze.hit()
 		return nil
 	}
 	// ownTx runs effect in a transaction of its own (modes none and dedup).
@@ -280,6 +287,51 @@ func consume(ctx context.Context, o consumeOpts) error {
 		defer stopStats()
 	}
 	return c.Run(ctx)
+}
+
+// freezeArmWindow is how long a SIGUSR1 from the demo keeps the freeze
+// hook armed. The demo waits longer than that (freezeArmWait) for the
+// process to stop itself before it stops it where it is, so a hook armed
+// for a freeze the demo gave up on cannot stop the process later, with
+// nobody left to send SIGCONT.
+const freezeArmWindow = 4 * time.Second
+
+// freezeArm is the demo's freeze hook (bank demo --freezes): SIGUSR1 arms
+// it, and the first handler that reaches the in-handler point within
+// freezeArmWindow — effect written, transaction not committed, dedup
+// lease held (dedup mode) — stops the whole process with SIGSTOP, every
+// other worker wherever it is. The demo that sent SIGUSR1 sees the
+// process stopped and sends SIGCONT after the freeze.
+type freezeArm struct {
+	start time.Time
+	until atomic.Int64 // armed until this long after start; 0: not armed
+}
+
+// newFreezeArm installs the SIGUSR1 handler (without it SIGUSR1 would
+// end the process).
+func newFreezeArm() *freezeArm {
+	f := &freezeArm{start: time.Now()}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	go func() {
+		for range ch {
+			f.until.Store(int64(time.Since(f.start) + freezeArmWindow))
+		}
+	}()
+	return f
+}
+
+// hit stops the process (SIGSTOP) if the hook is armed, once per SIGUSR1.
+// A nil freezeArm does nothing.
+func (f *freezeArm) hit() {
+	if f == nil {
+		return
+	}
+	u := f.until.Load()
+	if u == 0 || time.Since(f.start) > time.Duration(u) || !f.until.CompareAndSwap(u, 0) {
+		return
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 }
 
 // hook runs after() when the wrapped handler succeeded, before() before it.
