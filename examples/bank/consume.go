@@ -228,8 +228,16 @@ func consume(ctx context.Context, o consumeOpts) error {
 		return nil
 	}
 	// ownTx runs effect in a transaction of its own (modes none and dedup).
+	//
+	// Under the dedup guard the handler's context is cancelled when its
+	// lease is lost (a process frozen past its lease). The transaction
+	// checks the lease as its last statement and commits on a context
+	// the lease does not cancel: a COMMIT already sent when the process
+	// froze must not be reported as failed once it wakes up (pgx would
+	// abandon it with "context canceled" although it landed, and the
+	// guard would give the delivery back to be applied again).
 	ownTx := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
+		err := commitOwnTx(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
 		if err != nil {
 			return inbox.Classify(err) // a lost database is not the message's fault
 		}
@@ -287,6 +295,41 @@ func consume(ctx context.Context, o consumeOpts) error {
 		defer stopStats()
 	}
 	return c.Run(ctx)
+}
+
+// commitTimeout bounds a COMMIT, which runs on a context the handler's
+// cancellation does not reach.
+const commitTimeout = 10 * time.Second
+
+// commitOwnTx runs effect in a transaction and commits it. Inside a dedup
+// guard it first checks, in the transaction, that the delivery's lease
+// is still held ([dedup.Lease.Check] also renews it, so the COMMIT has a
+// whole lease to land): a consumer frozen past its lease rolls back. The
+// COMMIT itself runs on a context the lease loss does not cancel, so its
+// outcome is read, not abandoned half-way.
+func commitOwnTx(ctx context.Context, pool *pgxpool.Pool, effect func(pgx.Tx) error) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // no-op after Commit
+	if err := effect(tx); err != nil {
+		return err
+	}
+	if lease, ok := dedup.LeaseFrom(ctx); ok {
+		if err := lease.Check(ctx); err != nil {
+			var se *dedup.StoreError
+			if errors.As(err, &se) {
+				// The store cannot confirm the lease: do not commit on
+				// it, and do not count an attempt against the message.
+				return idemq.Unavailable(dedup.DependencyStore, err)
+			}
+			return fmt.Errorf("dedup lease before commit: %w", err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	return tx.Commit(cctx)
 }
 
 // freezeArmWindow is how long a SIGUSR1 from the demo keeps the freeze
