@@ -473,12 +473,18 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	sup := newSupervisor("crashy", co, mode, queue, dbURL, dir)
 	// The freezes run on the fault goroutine: a rand of their own.
 	freezeRng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	// Freeze k fires at a progress point below k/(freezes+1) of the
+	// transfers, and the publisher holds there until the freeze has armed
+	// its consumer: whatever the speeds, transfers keep coming while the
+	// armed consumer waits for a handler to stop in.
+	freezeArmed := make(map[int]chan struct{})
 	for k := 1; k <= o.freezes; k++ {
-		// Apart from the other faults' points. A freeze fires while
-		// transfers are still unapplied, so the consumer it arms has
-		// deliveries to stop in.
+		armed := make(chan struct{})
+		var once sync.Once
+		freezeArmed[k*o.messages/(o.freezes+1)] = armed
 		events = append(events, faultEvent{at: (5*k - 2) * o.messages / (5 * (o.freezes + 1)), fire: func(ctx context.Context) error {
-			fr := sup.freezeOne(ctx, freezeRng, o.freezeDur, consumerMode(mode) == modeDedup)
+			defer once.Do(func() { close(armed) })
+			fr := sup.freezeOne(ctx, freezeRng, o.freezeDur, consumerMode(mode) == modeDedup, func() { once.Do(func() { close(armed) }) })
 			if fr.frozen {
 				l.freezes++
 			}
@@ -533,6 +539,14 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 			case <-pubCtx.Done():
 			case <-time.After(o.timeout / 2):
 				fmt.Fprintf(os.Stderr, "(no dependency outage started within %v; publishing on) ", o.timeout/2)
+			}
+		}
+		if armed, ok := freezeArmed[i]; ok {
+			select {
+			case <-armed:
+			case <-pubCtx.Done():
+			case <-time.After(o.timeout / 2):
+				fmt.Fprintf(os.Stderr, "(no freeze armed within %v; publishing on) ", o.timeout/2)
 			}
 		}
 		id := fmt.Sprintf("t-%s-%d", suffix, i)

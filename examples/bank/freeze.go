@@ -36,11 +36,12 @@ type freezeResult struct {
 // freezeOne freezes one running consumer for dur: it arms the consumer's
 // freeze hook (SIGUSR1), waits for the consumer to stop itself (SIGSTOP)
 // in its next handler — or stops it where it is after freezeArmWait —
-// then continues it (SIGCONT) after dur. With leases set (a dedup mode)
+// then continues it (SIGCONT) after dur. armed is called once the
+// consumer is armed. With leases set (a dedup mode)
 // it then waits up to a few seconds for the consumer to report the leases
 // it lost meanwhile. A consumer that dies meanwhile (a kill) ends the
 // freeze early.
-func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Duration, leases bool) freezeResult {
+func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Duration, leases bool, armed func()) freezeResult {
 	var res freezeResult
 	cmd, stats := s.pickFrozen(ctx, rng)
 	if cmd == nil {
@@ -50,9 +51,10 @@ func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Dur
 	if cmd.Process.Signal(syscall.SIGUSR1) != nil {
 		return res
 	}
+	armed()
 	pid := cmd.Process.Pid
-	armed := time.Now()
-	for time.Since(armed) < freezeArmWait {
+	armedAt := time.Now()
+	for time.Since(armedAt) < freezeArmWait {
 		st := procState(pid)
 		if st == 'T' {
 			res.midHandler = true
