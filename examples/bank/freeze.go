@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,17 +40,38 @@ type freezeResult struct {
 // then continues it (SIGCONT) after dur. armed is called once the
 // consumer is armed. With leases set (a dedup mode)
 // it then waits up to a few seconds for the consumer to report the leases
-// it lost meanwhile. A consumer that dies meanwhile (a kill) ends the
-// freeze early.
+// it lost meanwhile. A consumer that dies while frozen (a kill) ends the
+// freeze early; one that dies before it stopped is replaced by another.
 func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Duration, leases bool, armed func()) freezeResult {
-	var res freezeResult
+	// A consumer armed for a freeze may die before it stops (a kill, a
+	// crash point: at --crash-rate 0.002 a busy consumer dies every few
+	// seconds): then another one is armed.
+	var whys []string
+	for attempt := 0; attempt < freezeAttempts && ctx.Err() == nil; attempt++ {
+		res, why := s.tryFreeze(ctx, rng, dur, leases, armed)
+		if res.frozen {
+			return res
+		}
+		whys = append(whys, why)
+		time.Sleep(100 * time.Millisecond) // the supervisor reaps and restarts the dead
+	}
+	fmt.Fprintf(os.Stderr, "(freeze skipped: %s) ", strings.Join(whys, "; "))
+	return freezeResult{}
+}
+
+// freezeAttempts bounds how many consumers a freeze arms in turn.
+const freezeAttempts = 10
+
+// tryFreeze is one attempt of freezeOne on one consumer.
+// why says what kept it from freezing one.
+func (s *supervisor) tryFreeze(ctx context.Context, rng *rand.Rand, dur time.Duration, leases bool, armed func()) (res freezeResult, why string) {
 	cmd, stats := s.pickFrozen(ctx, rng)
 	if cmd == nil {
-		return res
+		return res, "no running consumer"
 	}
 	before := statCounter(stats, idemq.CountLeasesLost)
-	if cmd.Process.Signal(syscall.SIGUSR1) != nil {
-		return res
+	if err := cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		return res, fmt.Sprintf("SIGUSR1: %v", err)
 	}
 	armed()
 	pid := cmd.Process.Pid
@@ -61,15 +83,15 @@ func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Dur
 			break
 		}
 		if st == 'Z' || st == 'X' || (st == 0 && cmd.Process.Signal(syscall.Signal(0)) != nil) {
-			return res // died (a kill or a crash point)
+			return res, "the armed consumer died before it stopped" // a kill or a crash point
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	if !res.midHandler {
 		// No delivery reached a handler (an idle consumer): freeze it
 		// where it is.
-		if cmd.Process.Signal(syscall.SIGSTOP) != nil {
-			return res
+		if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			return res, fmt.Sprintf("SIGSTOP: %v", err)
 		}
 	}
 	res.frozen = true
@@ -78,10 +100,10 @@ func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Dur
 	case <-ctx.Done():
 	}
 	if cmd.Process.Signal(syscall.SIGCONT) != nil {
-		return res // killed while frozen
+		return res, "" // killed while frozen
 	}
 	if !leases {
-		return res
+		return res, ""
 	}
 	thawed := time.Now()
 	for time.Since(thawed) < 3*time.Second {
@@ -89,11 +111,11 @@ func (s *supervisor) freezeOne(ctx context.Context, rng *rand.Rand, dur time.Dur
 			// Let the other workers frozen with it report theirs too.
 			time.Sleep(100 * time.Millisecond)
 			res.leasesLost = statCounter(stats, idemq.CountLeasesLost) - before
-			return res
+			return res, ""
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return res
+	return res, ""
 }
 
 // pickFrozen returns a random running consumer that has written its stats
@@ -103,7 +125,11 @@ func (s *supervisor) pickFrozen(ctx context.Context, rng *rand.Rand) (*exec.Cmd,
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		s.mu.Lock()
 		var slots []int
-		for slot := range s.procs {
+		for slot, cmd := range s.procs {
+			// Dead and not reaped yet ('Z'): not a candidate.
+			if st := procState(cmd.Process.Pid); st == 'Z' || st == 'X' {
+				continue
+			}
 			if _, err := os.Stat(s.statsOf[slot]); err == nil {
 				slots = append(slots, slot)
 			}
