@@ -1140,13 +1140,14 @@ func printLedgers(w io.Writer, ls []*ledger) {
 		if l.freezes > 0 {
 			fmt.Fprintln(w, `
 frozen          a consumer stopped (SIGSTOP) in a handler — effect written, not
-                committed, dedup lease held — for longer than its lease, then
-                continued: in dedup mode its handler's context is cancelled
-                (lease lost) so it rolls back and gives the delivery back;
-                only a worker frozen after its commit and before Complete can
-                apply a transfer twice (the after-commit window, counted as a
-                lost lease). Inbox stays exact: the frozen transaction holds
-                the inbox row.`)
+                committed, dedup lease held — past its lease, then continued.
+                dedup: the lease is lost, so the handler's context is
+                cancelled and its last statement, a lease check, fails: it
+                rolls back and gives the delivery back. A worker frozen with
+                its COMMIT already sent applies a transfer twice only if
+                another copy (resend, redelivery) ran meanwhile: the
+                after-commit window, counted as a lost lease. Inbox stays
+                exact: the frozen transaction holds the inbox row.`)
 			break
 		}
 	}
