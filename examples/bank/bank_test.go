@@ -312,3 +312,56 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 		}
 	}
 }
+
+// The demo's freeze fault, short: per mode, a running consumer is made to
+// stop itself (SIGSTOP) in a handler — effect written, transaction open,
+// dedup lease held — and is continued (SIGCONT) after 3 s, past its 2 s
+// lease; twice per mode. The publisher sends no resends and nothing else
+// is injected, so while a consumer is frozen no other copy of its
+// messages exists (its deliveries stay unacked on its live connection):
+// a transfer applied twice can only be the frozen consumer's own delivery
+// given back after its commit landed, and dedup must show none. Nothing
+// is lost, no valid transfer is dead-lettered, inbox is exact, and in
+// dedup mode the frozen consumer reports the leases it lost.
+func TestBankDemoFreezes(t *testing.T) {
+	testenv.RequireAMQP(t)
+	bin := buildBank(t)
+	ls := runDemo(t, bin, "--modes", "none,dedup,inbox", "--messages", "300", "--resend", "0",
+		"--kills", "0", "--cuts", "0", "--proxy-cuts", "0", "--redis-restarts", "0", "--crash-rate", "0",
+		"--freezes", "2", "--freeze-duration", "3s", "--queue-type", "classic", "--timeout", "90s")
+	if len(ls) != 3 {
+		t.Fatalf("%d modes ran, want 3", len(ls))
+	}
+	for _, l := range ls {
+		if l.Lost != 0 {
+			t.Errorf("%s: %d transfers lost", l.Mode, l.Lost)
+		}
+		if l.ValidDeadLettered != 0 {
+			t.Errorf("%s: %d valid transfers dead-lettered (reasons %v)", l.Mode, l.ValidDeadLettered, l.Reasons)
+		}
+		if l.DeadLettered < l.Malformed {
+			t.Errorf("%s: %d dead letters, want at least %d", l.Mode, l.DeadLettered, l.Malformed)
+		}
+		if l.StuckOnSigterm != 0 {
+			t.Errorf("%s: %d consumers did not exit on SIGTERM", l.Mode, l.StuckOnSigterm)
+		}
+		// Both freezes ran; at least one caught a consumer in a handler
+		// (the other may have found it idle and stopped it where it was).
+		if l.Freezes != 2 || l.FreezesMidHandler < 1 {
+			t.Errorf("%s: %d freezes, %d in a handler; want 2, at least 1", l.Mode, l.Freezes, l.FreezesMidHandler)
+		}
+		switch l.Mode {
+		case "dedup":
+			if l.AppliedTwice != 0 {
+				t.Errorf("dedup: %d transfers applied twice after freezes (no other copy existed: the frozen consumer's own delivery was applied again)", l.AppliedTwice)
+			}
+			if l.FreezeLeasesLost == 0 {
+				t.Errorf("dedup: the frozen consumers reported no lost lease after a %s freeze past their lease", "3s")
+			}
+		case "inbox":
+			if !l.Exact {
+				t.Errorf("inbox not exact: %+v", l)
+			}
+		}
+	}
+}

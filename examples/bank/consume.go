@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,8 @@ type consumeOpts struct {
 	stats                    string
 	crash                    map[string]bool
 	crashRate                float64
+	// freeze is the demo's freeze hook (IDEMQ_BANK_FREEZE=1); nil otherwise.
+	freeze *freezeArm
 }
 
 func envOr(name, def string) string {
@@ -91,6 +94,9 @@ func consumeMain(args []string) error {
 			return fmt.Errorf("IDEMQ_BANK_CRASH_RATE: %w", err)
 		}
 		o.crashRate = v
+	}
+	if os.Getenv("IDEMQ_BANK_FREEZE") == "1" {
+		o.freeze = newFreezeArm()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -218,11 +224,20 @@ func consume(ctx context.Context, o consumeOpts) error {
 			return fmt.Errorf("record: %w", err)
 		}
 		crash(crashInHandler)
+		o.freeze.hit()
 		return nil
 	}
 	// ownTx runs effect in a transaction of its own (modes none and dedup).
+	//
+	// Under the dedup guard the handler's context is cancelled when its
+	// lease is lost (a process frozen past its lease). The transaction
+	// checks the lease as its last statement and commits on a context
+	// the lease does not cancel: a COMMIT already sent when the process
+	// froze must not be reported as failed once it wakes up (pgx would
+	// abandon it with "context canceled" although it landed, and the
+	// guard would give the delivery back to be applied again).
 	ownTx := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
+		err := commitOwnTx(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
 		if err != nil {
 			return inbox.Classify(err) // a lost database is not the message's fault
 		}
@@ -280,6 +295,86 @@ func consume(ctx context.Context, o consumeOpts) error {
 		defer stopStats()
 	}
 	return c.Run(ctx)
+}
+
+// commitTimeout bounds a COMMIT, which runs on a context the handler's
+// cancellation does not reach.
+const commitTimeout = 10 * time.Second
+
+// commitOwnTx runs effect in a transaction and commits it. Inside a dedup
+// guard it first checks, in the transaction, that the delivery's lease
+// is still held ([dedup.Lease.Check] also renews it, so the COMMIT has a
+// whole lease to land): a consumer frozen past its lease rolls back. The
+// COMMIT itself runs on a context the lease loss does not cancel, so its
+// outcome is read, not abandoned half-way.
+func commitOwnTx(ctx context.Context, pool *pgxpool.Pool, effect func(pgx.Tx) error) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // no-op after Commit
+	if err := effect(tx); err != nil {
+		return err
+	}
+	if lease, ok := dedup.LeaseFrom(ctx); ok {
+		if err := lease.Check(ctx); err != nil {
+			var se *dedup.StoreError
+			if errors.As(err, &se) {
+				// The store cannot confirm the lease: do not commit on
+				// it, and do not count an attempt against the message.
+				return idemq.Unavailable(dedup.DependencyStore, err)
+			}
+			return fmt.Errorf("dedup lease before commit: %w", err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	return tx.Commit(cctx)
+}
+
+// freezeArmWindow is how long a SIGUSR1 from the demo keeps the freeze
+// hook armed. The demo waits longer than that (freezeArmWait) for the
+// process to stop itself before it stops it where it is, so a hook armed
+// for a freeze the demo gave up on cannot stop the process later, with
+// nobody left to send SIGCONT.
+const freezeArmWindow = 4 * time.Second
+
+// freezeArm is the demo's freeze hook (bank demo --freezes): SIGUSR1 arms
+// it, and the first handler that reaches the in-handler point within
+// freezeArmWindow — effect written, transaction not committed, dedup
+// lease held (dedup mode) — stops the whole process with SIGSTOP, every
+// other worker wherever it is. The demo that sent SIGUSR1 sees the
+// process stopped and sends SIGCONT after the freeze.
+type freezeArm struct {
+	start time.Time
+	until atomic.Int64 // armed until this long after start; 0: not armed
+}
+
+// newFreezeArm installs the SIGUSR1 handler (without it SIGUSR1 would
+// end the process).
+func newFreezeArm() *freezeArm {
+	f := &freezeArm{start: time.Now()}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	go func() {
+		for range ch {
+			f.until.Store(int64(time.Since(f.start) + freezeArmWindow))
+		}
+	}()
+	return f
+}
+
+// hit stops the process (SIGSTOP) if the hook is armed, once per SIGUSR1.
+// A nil freezeArm does nothing.
+func (f *freezeArm) hit() {
+	if f == nil {
+		return
+	}
+	u := f.until.Load()
+	if u == 0 || time.Since(f.start) > time.Duration(u) || !f.until.CompareAndSwap(u, 0) {
+		return
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 }
 
 // hook runs after() when the wrapped handler succeeded, before() before it.

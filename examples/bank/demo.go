@@ -45,7 +45,15 @@ type demoOpts struct {
 	dbOutages, redisOutages     int
 	dbOutageDur, redisOutageDur time.Duration
 	pg                          *privatePostgres
+	// Freezes: a running consumer is stopped (SIGSTOP) mid-handler for
+	// freezeDur, then continued (SIGCONT).
+	freezes   int
+	freezeDur time.Duration
 }
+
+// consumerLease is the dedup lease of the demo's consumers (bank consume
+// --lease): short, so that a freeze of a few seconds outlives it.
+const consumerLease = 2 * time.Second
 
 // Mode names. modeDedupNoPersist is dedup against a private Redis without
 // any persistence: what a Redis restart does to dedup records nobody kept.
@@ -85,6 +93,8 @@ func demoMain(args []string) error {
 	fs.DurationVar(&o.dbOutageDur, "db-outage-duration", 5*time.Second, "how long each --db-outages outage lasts")
 	fs.IntVar(&o.redisOutages, "redis-outages", 0, "with N > 0, the dedup modes' private Redis is SIGKILLed and kept down for --redis-outage-duration N times mid-run, per mode")
 	fs.DurationVar(&o.redisOutageDur, "redis-outage-duration", 5*time.Second, "how long each --redis-outages outage lasts")
+	fs.IntVar(&o.freezes, "freezes", 0, "consumers frozen mid-backlog, per mode: the demo sends a running consumer SIGUSR1, it stops itself (SIGSTOP) at its next in-handler point (effect written, transaction open, dedup lease held), and the demo sends SIGCONT after --freeze-duration; one that reaches no handler within 4s is SIGSTOPped where it is")
+	fs.DurationVar(&o.freezeDur, "freeze-duration", 5*time.Second, "how long each --freezes freeze lasts (the consumers' dedup lease is "+consumerLease.String()+")")
 	fs.DurationVar(&o.timeout, "timeout", 100*time.Second, "time allowed per mode")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
 	fs.StringVar(&o.jsonOut, "json", "", "also write the ledgers as JSON to this file")
@@ -144,8 +154,9 @@ func demoMain(args []string) error {
 		o.kills, o.crashRate, o.cuts)
 	fmt.Printf("%d proxy cut(s) of every consumer connection, %d kill -9 + restart(s) of the dedup modes' private Redis,\n",
 		o.proxyCuts, o.redisRestarts)
-	fmt.Printf("%d broker restart(s), %d PostgreSQL outage(s) of %v, %d Redis outage(s) of %v.\n\n",
+	fmt.Printf("%d broker restart(s), %d PostgreSQL outage(s) of %v, %d Redis outage(s) of %v,\n",
 		o.brokerRestarts, o.dbOutages, o.dbOutageDur, o.redisOutages, o.redisOutageDur)
+	fmt.Printf("%d consumer freeze(s) (SIGSTOP mid-handler) of %v (dedup lease %v).\n\n", o.freezes, o.freezeDur, consumerLease)
 	var ledgers []*ledger
 	for _, m := range o.modes {
 		fmt.Printf("running mode %-15s ... ", m)
@@ -209,6 +220,12 @@ type ledger struct {
 	dbOutages, redisOutages int
 	validDead               int
 	outagesSeen             int64
+	// freezes counts the consumers frozen (SIGSTOP, then SIGCONT);
+	// freezesMid those that stopped themselves in a handler (effect
+	// written, transaction open, dedup lease held); freezeLeasesLost the
+	// leases_lost the frozen consumers reported after their thaw.
+	freezes, freezesMid int
+	freezeLeasesLost    int64
 }
 
 // Ledger is the JSON form of one mode's results (bank demo --json).
@@ -255,6 +272,14 @@ type Ledger struct {
 	RedisOutages      int   `json:"redis_outages"`
 	ValidDeadLettered int   `json:"valid_dead_lettered"`
 	OutagesSeen       int64 `json:"consumer_pauses"`
+	// Freezes counts the consumers frozen (SIGSTOP for --freeze-duration,
+	// then SIGCONT); FreezesMidHandler those frozen in a handler (effect
+	// written, transaction open, dedup lease held); FreezeLeasesLost the
+	// increase of the frozen consumers' leases_lost seen after their thaw
+	// (dedup modes; other lease losses of theirs at that time included).
+	Freezes           int   `json:"freezes"`
+	FreezesMidHandler int   `json:"freezes_mid_handler"`
+	FreezeLeasesLost  int64 `json:"freeze_leases_lost"`
 }
 
 func writeLedgers(path string, ls []*ledger) error {
@@ -266,7 +291,8 @@ func writeLedgers(path string, ls []*ledger) error {
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
 			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck,
-			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, OutagesSeen: l.outagesSeen})
+			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, OutagesSeen: l.outagesSeen,
+			Freezes: l.freezes, FreezesMidHandler: l.freezesMid, FreezeLeasesLost: l.freezeLeasesLost})
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
@@ -445,6 +471,30 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	defer pool.Close()
 
 	sup := newSupervisor("crashy", co, mode, queue, dbURL, dir)
+	// The freezes run on the fault goroutine: a rand of their own.
+	freezeRng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	// Freeze k fires at a progress point below k/(freezes+1) of the
+	// transfers, and the publisher holds there until the freeze has armed
+	// its consumer: whatever the speeds, transfers keep coming while the
+	// armed consumer waits for a handler to stop in.
+	freezeArmed := make(map[int]chan struct{})
+	for k := 1; k <= o.freezes; k++ {
+		armed := make(chan struct{})
+		var once sync.Once
+		freezeArmed[k*o.messages/(o.freezes+1)] = armed
+		events = append(events, faultEvent{at: (5*k - 2) * o.messages / (5 * (o.freezes + 1)), fire: func(ctx context.Context) error {
+			defer once.Do(func() { close(armed) })
+			fr := sup.freezeOne(ctx, freezeRng, o.freezeDur, consumerMode(mode) == modeDedup, func() { once.Do(func() { close(armed) }) })
+			if fr.frozen {
+				l.freezes++
+			}
+			if fr.midHandler {
+				l.freezesMid++
+			}
+			l.freezeLeasesLost += fr.leasesLost
+			return nil
+		}})
+	}
 	sup.start(o.consumers)
 	// The proxy cuts and Redis restarts fire as the consumers progress, so
 	// they hit the run in the middle whatever the publishing speed.
@@ -489,6 +539,14 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 			case <-pubCtx.Done():
 			case <-time.After(o.timeout / 2):
 				fmt.Fprintf(os.Stderr, "(no dependency outage started within %v; publishing on) ", o.timeout/2)
+			}
+		}
+		if armed, ok := freezeArmed[i]; ok {
+			select {
+			case <-armed:
+			case <-pubCtx.Done():
+			case <-time.After(o.timeout / 2):
+				fmt.Fprintf(os.Stderr, "(no freeze armed within %v; publishing on) ", o.timeout/2)
 			}
 		}
 		id := fmt.Sprintf("t-%s-%d", suffix, i)
@@ -819,6 +877,7 @@ type supervisor struct {
 	mode, queue, db, dir   string
 	mu                     sync.Mutex
 	procs                  map[int]*exec.Cmd
+	statsOf                map[int]string // slot → its running child's stats file
 	statFiles              []string
 	stopping               atomic.Bool
 	wg                     sync.WaitGroup
@@ -828,7 +887,7 @@ type supervisor struct {
 }
 
 func newSupervisor(name string, o demoOpts, mode, queue, db, dir string) *supervisor {
-	return &supervisor{name: name, o: o, mode: mode, queue: queue, db: db, dir: dir, procs: map[int]*exec.Cmd{}}
+	return &supervisor{name: name, o: o, mode: mode, queue: queue, db: db, dir: dir, procs: map[int]*exec.Cmd{}, statsOf: map[int]string{}}
 }
 
 func (s *supervisor) start(n int) {
@@ -849,11 +908,14 @@ func (s *supervisor) run(slot int) {
 		stats := filepath.Join(s.dir, fmt.Sprintf("stats-%s-%d.json", s.name, seq))
 		cmd := exec.Command(self, "consume", "--mode", consumerMode(s.mode), "--queue", s.queue, "--queue-type", s.o.queueType,
 			"--amqp", s.o.amqpURL, "--postgres", s.db, "--redis", s.o.redisURL, "--stats", stats,
-			"--lease", "2s", "--workers", "4", "--prefetch", "50")
+			"--lease", consumerLease.String(), "--workers", "4", "--prefetch", "50")
 		cmd.Env = os.Environ()
 		if s.o.crashRate > 0 {
 			cmd.Env = append(cmd.Env, "IDEMQ_BANK_CRASH=before-claim,in-handler,after-commit,before-ack",
 				fmt.Sprintf("IDEMQ_BANK_CRASH_RATE=%g", s.o.crashRate))
+		}
+		if s.o.freezes > 0 {
+			cmd.Env = append(cmd.Env, "IDEMQ_BANK_FREEZE=1") // SIGUSR1 arms a freeze
 		}
 		logf, _ := os.Create(filepath.Join(s.dir, fmt.Sprintf("consumer-%s-%d.log", s.name, seq)))
 		cmd.Stdout, cmd.Stderr = logf, logf
@@ -876,12 +938,14 @@ func (s *supervisor) run(slot int) {
 			continue
 		}
 		s.procs[slot] = cmd
+		s.statsOf[slot] = stats
 		s.statFiles = append(s.statFiles, stats)
 		s.mu.Unlock()
 		err := cmd.Wait()
 		logf.Close()
 		s.mu.Lock()
 		delete(s.procs, slot)
+		delete(s.statsOf, slot)
 		s.mu.Unlock()
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -1016,6 +1080,10 @@ func printLedgers(w io.Writer, ls []*ledger) {
 		return fmt.Sprintf("%d/%d (%d)", l.cuts, l.proxyCuts, l.proxyConns)
 	})
 	row("broker restarts (stop/start_app)", func(l *ledger) string { return itoa(int64(l.brokerRestarts)) })
+	row("consumers frozen (SIGSTOP)", func(l *ledger) string { return itoa(int64(l.freezes)) })
+	row("  in a handler / leases lost", func(l *ledger) string {
+		return fmt.Sprintf("%d/%s", l.freezesMid, redisOnly(l, itoa(l.freezeLeasesLost)))
+	})
 	row("consumers stuck after SIGTERM", func(l *ledger) string { return itoa(int64(l.stuck)) })
 	row("consumer reconnects (≈)", func(l *ledger) string { return itoa(l.reconnects) })
 	row("dedup Redis", func(l *ledger) string { return l.redis })
@@ -1066,6 +1134,21 @@ func printLedgers(w io.Writer, ls []*ledger) {
 		if l.mode == modeDedup && l.redis == "aof-always" {
 			fmt.Fprintln(w, `                aof-always: its private Redis fsyncs every write to an
                 append-only file, so a restart forgets nothing acknowledged.`)
+		}
+	}
+	for _, l := range ls {
+		if l.freezes > 0 {
+			fmt.Fprintln(w, `
+frozen          a consumer stopped (SIGSTOP) in a handler — effect written, not
+                committed, dedup lease held — past its lease, then continued.
+                dedup: the lease is lost, so the handler's context is
+                cancelled and its last statement, a lease check, fails: it
+                rolls back and gives the delivery back. A worker frozen with
+                its COMMIT already sent applies a transfer twice only if
+                another copy (resend, redelivery) ran meanwhile: the
+                after-commit window, counted as a lost lease. Inbox stays
+                exact: the frozen transaction holds the inbox row.`)
+			break
 		}
 	}
 }

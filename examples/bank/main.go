@@ -7,7 +7,7 @@
 //	             [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
 //	bank demo    [--messages N] [--kills N] [--cuts N] [--proxy-cuts N] [--redis-restarts N]
 //	             [--db-outages N --db-outage-duration D] [--redis-outages N --redis-outage-duration D]
-//	             [--modes none,dedup,dedup-nopersist,inbox]
+//	             [--freezes N --freeze-duration D] [--modes none,dedup,dedup-nopersist,inbox]
 //
 // The demo's faults: consumers SIGKILLed (by the demo and by themselves at
 // crash points), publisher resends, broker connection cuts (rabbitmqctl
@@ -19,7 +19,11 @@
 // --redis-outages) stops a private PostgreSQL of the demo's (pg_ctl stop -m
 // immediate) or the dedup modes' private Redis for a while during a backlog:
 // consumers pause (breaker), a consumer started mid-outage waits, and no
-// valid transfer may be dead-lettered.
+// valid transfer may be dead-lettered. The freeze fault (--freezes) makes a
+// running consumer stop itself (SIGSTOP) in a handler — effect written,
+// transaction open, dedup lease held — and continues it (SIGCONT) after
+// --freeze-duration, longer than its 2 s dedup lease: the process that
+// wakes up must not apply the transfer again.
 //
 // A transfer is a persistent message on the default exchange, routing key
 // the queue name, message_id the transfer ID and body
@@ -61,6 +65,6 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   bank consume [--mode none|dedup|inbox] [--queue NAME] [--queue-type quorum|classic]
                [--amqp URL] [--postgres URL] [--redis URL] [--workers N] [--prefetch N]
-  bank demo    [--messages N] [--kills N] [--cuts N] [--proxy-cuts N] [--redis-restarts N]
+  bank demo    [--messages N] [--kills N] [--cuts N] [--proxy-cuts N] [--redis-restarts N] [--freezes N]
                [--modes none,dedup,dedup-nopersist,inbox]   (bank demo -h for every flag)`)
 }
