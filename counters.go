@@ -14,12 +14,12 @@ const (
 	CountAcked          = "acked"             // handler chain returned nil
 	CountProcessed      = "processed"         // the handler itself ran and succeeded
 	CountFailed         = "failed"            // the handler chain returned an error
-	CountRejected       = "rejected"          // nacked without requeue (no failure policy)
+	CountRejected       = "rejected"          // nacked without requeue (no failure policy, or one that cannot republish)
 	CountRequeued       = "requeued"          // nacked with requeue after a delay
 	CountPanics         = "panics"            // handler panics recovered
 	CountDuplicates     = "duplicates"        // suppressed duplicates (dedup or inbox)
 	CountInFlight       = "inflight_deferred" // deferred: another consumer holds the lease
-	CountLeasesLost     = "leases_lost"       // complete found the lease gone
+	CountLeasesLost     = "leases_lost"       // a dedup lease lost while the handler ran or at complete
 	CountStoreErrors    = "store_errors"      // dedup store unavailable or failing
 	CountReconnects     = "reconnects"        // connection or channel re-established
 	CountPublished      = "published"         // publisher: confirmed publishes

@@ -65,7 +65,9 @@ type leaseKey struct{}
 // consumer has taken the message meanwhile:
 //
 //	lease, _ := dedup.LeaseFrom(ctx)
-//	tx, _ := db.BeginTx(ctx, nil)
+//	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+//	defer cancel()
+//	tx, _ := db.BeginTx(tctx, nil) // not cancelled by a lost lease: Check decides
 //	// ... the effect ...
 //	if err := lease.Check(ctx); err != nil {
 //		tx.Rollback()

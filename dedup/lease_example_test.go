@@ -25,7 +25,13 @@ func ExampleLeaseFrom() {
 	takeover := false // simulate another consumer taking the message over
 	handler := idemq.Chain(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		lease, _ := dedup.LeaseFrom(ctx)
-		// tx, err := db.BeginTx(ctx, nil)
+		// The transaction runs on a context the lease loss cannot cancel:
+		// a COMMIT in flight when the lease is lost must report what the
+		// database did, not "context canceled" (the guard would give the
+		// delivery back and it would be applied again).
+		//   tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		//   defer cancel()
+		//   tx, err := db.BeginTx(tctx, nil)
 		// ... the effect, in tx ...
 		if takeover {
 			_ = store.Forget(ctx, lease.Key())
