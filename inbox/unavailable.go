@@ -34,9 +34,12 @@ const DependencyDatabase = "database"
 //
 // Constraint violations, syntax errors and every other answer from the
 // server are not connection errors: they are the handler's failures.
-// context.Canceled is not one either (the handler was cut short).
+// context.Canceled and context.DeadlineExceeded are not one either (the
+// handler was cut short, or ran out of its time: a handler timeout is an
+// attempt, not an outage), nor is anything that says the handler timed out.
 func ConnectionError(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, idemq.ErrHandlerTimeout) {
 		return false
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {

@@ -41,6 +41,12 @@ func TestConnectionError(t *testing.T) {
 		{"syntax error", sqlStateErr("42601"), false},
 		{"check violation wrapping EOF text", fmt.Errorf("%w", sqlStateErr("23514")), false},
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), false},
+		// A query cut by the handler's deadline (pgconn wraps ctx.Err()):
+		// a handler timeout, an attempt — not an outage (the consumer
+		// timeout fault test caught it classified as one).
+		{"deadline", fmt.Errorf("inbox: insert row: timeout: %w", context.DeadlineExceeded), false},
+		{"deadline with conn closed", errors.Join(context.DeadlineExceeded, errors.New("conn closed")), false},
+		{"handler timeout", fmt.Errorf("x: %w", idemq.ErrHandlerTimeout), false},
 		{"plain", errors.New("handler said no"), false},
 		{"joined", errors.Join(errors.New("a"), errors.New("conn closed")), true},
 	}
