@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gopkg.in/yaml.v3"
@@ -320,6 +322,16 @@ func validateArgs(where string, args map[string]any) []error {
 func validateName(kind, name string) error {
 	if len(name) > MaxNameLength {
 		return fmt.Errorf("%s %s: name is %d bytes, at most %d bytes allowed", kind, quoteName(name), len(name), MaxNameLength)
+	}
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("%s %s: name is not valid UTF-8", kind, quoteName(name))
+	}
+	for i, r := range name {
+		if unicode.IsControl(r) {
+			// A newline or a tab in a name is a typo, and YAML cannot
+			// always write it back (a name of "\n" reloads as "").
+			return fmt.Errorf("%s %s: name has a control character %U at byte %d", kind, quoteName(name), r, i)
+		}
 	}
 	return nil
 }
