@@ -381,8 +381,9 @@ func keywordDSN(s string, c *collector) string {
 		}
 		val := s[vs:i]
 		// libpq reads "user= password=x" as the user "password=x": a
-		// value that looks like it holds a secret is masked as well.
-		if SecretKey(key) || Text(val) != val {
+		// value that looks like it holds a secret is masked as well, and
+		// so is one shaped like userinfo ("x:secret@host").
+		if SecretKey(key) || Text(val) != val || userinfoLike(val) {
 			c.add(val)
 			out = append(out, key+"="+Mask)
 			continue
@@ -390,6 +391,13 @@ func keywordDSN(s string, c *collector) string {
 		out = append(out, key+"="+val)
 	}
 	return strings.Join(out, " ")
+}
+
+// userinfoLike reports whether v has a ':' before an '@', as
+// "user:password@host" has.
+func userinfoLike(v string) bool {
+	colon := strings.IndexByte(v, ':')
+	return colon >= 0 && strings.IndexByte(v[colon:], '@') > 0
 }
 
 // semicolonDSN redacts a "Key=Value;Key=Value" string (ADO.NET/ODBC
