@@ -10,7 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/backoff"
 )
 
 // BreakerConfig configures the consumer's dependency circuit breaker.

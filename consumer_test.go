@@ -15,7 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/testenv"
 )
 

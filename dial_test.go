@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/backoff"
 )
 
 // lockedBuffer collects log output written from several goroutines.

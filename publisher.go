@@ -10,7 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/backoff"
 )
 
 // PublisherConfig configures a [Publisher]. The zero value is usable.

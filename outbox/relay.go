@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/backoff"
 )
 
 // Counter and gauge names the relay records. Gauges are recorded as deltas,

@@ -34,7 +34,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
-	"github.com/idemq/idemq/internal/backoff"
+	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
 )

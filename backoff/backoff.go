@@ -1,5 +1,5 @@
-// Package backoff computes capped exponential delays with full jitter and
-// sleeps for them while honouring a context.
+
+
 package backoff
 
 import (
