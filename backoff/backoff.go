@@ -1,5 +1,3 @@
-
-
 package backoff
 
 import (
