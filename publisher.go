@@ -37,14 +37,6 @@ type PublisherConfig struct {
 	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
 }
 
-// PublishSeqHeader is the header the [Publisher] sets on every publish
-// attempt: the attempt's publish sequence number on its channel. The broker
-// copies it into a basic.return, which is how a return is matched to
-// exactly the publish it belongs to (two publishes in flight can share a
-// message ID). It means nothing outside that channel: consumers ignore it,
-// and a republished delivery that still carries it gets a fresh value.
-const PublishSeqHeader = "x-idemq-pubseq"
-
 // ReturnedError is the error for a mandatory message the broker returned
 // (no queue bound to its routing key). It wraps [ErrUnroutable].
 type ReturnedError struct {
@@ -117,7 +109,7 @@ func NewPublisher(cfg PublisherConfig) *Publisher {
 // is a [*PermanentError] wrapping [ErrMessageTooLarge].
 //
 // msg.Headers is not modified: the publisher sends a copy with
-// [PublishSeqHeader] added.
+// [HeaderPublishSeq] added.
 func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	if err := ValidateID(msg.ID); err != nil {
 		return fmt.Errorf("idemq: publish: %w", err)
@@ -133,7 +125,7 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	}
 	// The value is set per attempt (pubChannel.publish); its encoded size
 	// is the same whatever the value.
-	pub.Headers[PublishSeqHeader] = int64(0)
+	pub.Headers[HeaderPublishSeq] = int64(0)
 	size, err := contentHeaderPayloadSize(&pub)
 	if err != nil {
 		// A property or key over 255 bytes: amqp091-go would fail after
@@ -313,7 +305,7 @@ func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publis
 	seq := pc.ch.GetNextPublishSeqNo()
 	pc.pending[seq] = pp
 	pc.mu.Unlock()
-	pub.Headers[PublishSeqHeader] = int64(seq)
+	pub.Headers[HeaderPublishSeq] = int64(seq)
 	err := pc.ch.PublishWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
 	if err != nil {
 		pc.mu.Lock()
@@ -355,7 +347,7 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 			if !ok || pp == nil {
 				pc.log.Error("idemq: a returned message matches no publish awaiting its confirm",
 					"message_id", r.MessageId, "exchange", r.Exchange, "routing_key", r.RoutingKey,
-					"reply_code", r.ReplyCode, PublishSeqHeader, r.Headers[PublishSeqHeader])
+					"reply_code", r.ReplyCode, HeaderPublishSeq, r.Headers[HeaderPublishSeq])
 			}
 		case c, ok := <-confirms:
 			if !ok {
@@ -401,7 +393,7 @@ func (pc *pubChannel) fail(why error) {
 
 // returnSeq reads the publish sequence number a returned message carries.
 func returnSeq(h amqp.Table) (uint64, bool) {
-	switch v := h[PublishSeqHeader].(type) {
+	switch v := h[HeaderPublishSeq].(type) {
 	case int64:
 		return uint64(v), v > 0
 	}

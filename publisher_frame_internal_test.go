@@ -185,7 +185,7 @@ func TestContentHeaderPayloadSizeMatchesAMQP091(t *testing.T) {
 			"x-idemq-attempt": int64(3), "x-idemq-error": strings.Repeat("e", 1024), "x-idemq-error-class": "handler-error",
 			"x-idemq-first-failure": "2024-05-06T07:08:09.123Z", "x-idemq-last-failure": "2024-05-06T07:08:10.456Z",
 			"x-idemq-original-exchange": "", "x-idemq-original-routing-key": "transfers", "x-idemq-group": "bank",
-			"x-idemq-queue": "transfers", PublishSeqHeader: int64(99),
+			"x-idemq-queue": "transfers", HeaderPublishSeq: int64(99),
 		}}},
 		{name: "large string header", pub: amqp.Publishing{Headers: amqp.Table{"big": strings.Repeat("b", 200_000)}}},
 		{name: "256-byte property", pub: amqp.Publishing{CorrelationId: long + "s"}, wantErr: true},
@@ -361,7 +361,7 @@ func BenchmarkContentHeaderPayloadSize(b *testing.B) {
 			"x-idemq-first-failure": "2024-05-06T07:08:09.123Z", "x-idemq-last-failure": "2024-05-06T07:08:10.456Z",
 			"x-idemq-original-exchange": "", "x-idemq-original-routing-key": "transfers", "x-idemq-group": "bank",
 			"x-idemq-queue": "transfers", "x-idemq-reason": "max-attempts", "x-idemq-dead-lettered-at": "2024-05-06T07:08:10.456Z",
-			"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", PublishSeqHeader: int64(99),
+			"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", HeaderPublishSeq: int64(99),
 		}}
 	b.ReportAllocs()
 	for b.Loop() {

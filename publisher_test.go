@@ -44,11 +44,11 @@ func TestPublishConfirmedAndPersistent(t *testing.T) {
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	headers := amqp.Table{"k": "v", idemq.PublishSeqHeader: int64(12345)} // a stale value, as a republish carries
+	headers := amqp.Table{"k": "v", idemq.HeaderPublishSeq: int64(12345)} // a stale value, as a republish carries
 	if err := p.Publish(ctx, idemq.Message{ID: "order-1", RoutingKey: queue, Body: []byte("x"), Headers: headers}); err != nil {
 		t.Fatal(err)
 	}
-	if len(headers) != 2 || headers[idemq.PublishSeqHeader] != int64(12345) {
+	if len(headers) != 2 || headers[idemq.HeaderPublishSeq] != int64(12345) {
 		t.Fatalf("the caller's headers were modified: %v", headers)
 	}
 	got := testenv.Drain(t, queue)
@@ -56,8 +56,8 @@ func TestPublishConfirmedAndPersistent(t *testing.T) {
 		t.Fatalf("got %+v", got)
 	}
 	// The stale sequence number was overwritten by this publish's own.
-	if seq := got[0].Headers[idemq.PublishSeqHeader]; seq != int64(1) {
-		t.Fatalf("%s = %v, want this channel's first publish sequence number 1", idemq.PublishSeqHeader, seq)
+	if seq := got[0].Headers[idemq.HeaderPublishSeq]; seq != int64(1) {
+		t.Fatalf("%s = %v, want this channel's first publish sequence number 1", idemq.HeaderPublishSeq, seq)
 	}
 }
 

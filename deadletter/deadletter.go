@@ -106,28 +106,28 @@ func hstr(h amqp.Table, k string) (string, bool) {
 func Read(pos int, d *amqp.Delivery, detail bool) *Entry {
 	h := d.Headers
 	e := &Entry{Position: pos, MessageID: d.MessageId, ContentType: d.ContentType, BodyBytes: len(d.Body), idKey: d.MessageId}
-	if orig, ok := hstr(h, retry.HeaderOriginalMessageID); ok && orig != "" {
+	if orig, ok := hstr(h, idemq.HeaderOriginalMessageID); ok && orig != "" {
 		e.idKey = orig
 	}
-	deaths := retry.ParseXDeath(h[retry.HeaderDeath])
-	e.Reason, _ = hstr(h, retry.HeaderReason)
+	deaths := retry.ParseXDeath(h[idemq.HeaderDeath])
+	e.Reason, _ = hstr(h, idemq.HeaderReason)
 	if e.Reason == "" {
 		e.Reason = "unknown"
 		if len(deaths) > 0 && deaths[0].Reason != "" {
 			e.Reason = "broker:" + deaths[0].Reason
 		}
 	}
-	e.ErrorClass, _ = hstr(h, retry.HeaderErrorClass)
-	e.Error, _ = hstr(h, retry.HeaderError)
-	if n, ok := retry.Int(h[retry.HeaderAttempts]); ok {
+	e.ErrorClass, _ = hstr(h, idemq.HeaderErrorClass)
+	e.Error, _ = hstr(h, idemq.HeaderError)
+	if n, ok := retry.Int(h[idemq.HeaderAttempts]); ok {
 		e.Attempts = n
 	}
-	e.FirstFailure, _ = hstr(h, retry.HeaderFirstFailure)
-	e.LastFailure, _ = hstr(h, retry.HeaderLastFailure)
-	e.Group, _ = hstr(h, retry.HeaderGroup)
-	e.Queue, _ = hstr(h, retry.HeaderQueue)
-	ex, okEx := hstr(h, retry.HeaderOriginalExchange)
-	rk, okRK := hstr(h, retry.HeaderOriginalRoutingKey)
+	e.FirstFailure, _ = hstr(h, idemq.HeaderFirstFailure)
+	e.LastFailure, _ = hstr(h, idemq.HeaderLastFailure)
+	e.Group, _ = hstr(h, idemq.HeaderGroup)
+	e.Queue, _ = hstr(h, idemq.HeaderQueue)
+	ex, okEx := hstr(h, idemq.HeaderOriginalExchange)
+	rk, okRK := hstr(h, idemq.HeaderOriginalRoutingKey)
 	if okEx && okRK {
 		e.OriginalExchange, e.OriginalRoutingKey, e.Routable = ex, rk, true
 	} else if len(deaths) > 0 {
@@ -148,7 +148,7 @@ func Read(pos int, d *amqp.Delivery, detail bool) *Entry {
 		}
 		e.Headers = map[string]any{}
 		for k, v := range h {
-			if k == idemq.PublishSeqHeader {
+			if k == idemq.HeaderPublishSeq {
 				continue // the publisher's per-channel bookkeeping, meaningless here
 			}
 			e.Headers[k] = v
@@ -533,13 +533,13 @@ func (c *Conn) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, er
 func Republish(d *amqp.Delivery, exchange, routingKey string, now time.Time) idemq.Message {
 	h := amqp.Table{}
 	for k, v := range d.Headers {
-		if strings.HasPrefix(k, "x-idemq-") || k == retry.HeaderDeath || k == retry.HeaderDeliveryCount ||
+		if strings.HasPrefix(k, idemq.HeaderPrefix) || k == idemq.HeaderDeath || k == idemq.HeaderDeliveryCount ||
 			strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") {
 			continue
 		}
 		h[k] = v
 	}
-	h[retry.HeaderReplayedAt] = now.UTC().Format(retry.TimeFormat)
+	h[idemq.HeaderReplayedAt] = now.UTC().Format(retry.TimeFormat)
 	return idemq.Message{
 		ID: d.MessageId, Exchange: exchange, RoutingKey: routingKey, Body: d.Body,
 		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, Headers: h,

@@ -13,7 +13,6 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/deadletter"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -35,13 +34,13 @@ func TestWorkQueue(t *testing.T) {
 }
 
 func TestReadKey(t *testing.T) {
-	plain := deadletter.Read(1, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{retry.HeaderQueue: "orders"}}, false)
-	copyOf := deadletter.Read(2, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{retry.HeaderQueue: "orders"}}, false)
-	otherQueue := deadletter.Read(3, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{retry.HeaderQueue: "payments"}}, false)
-	freshA := deadletter.Read(4, &amqp.Delivery{MessageId: "fresh-a", Headers: amqp.Table{retry.HeaderQueue: "orders", retry.HeaderOriginalMessageID: "bad\x01"}}, false)
-	freshB := deadletter.Read(5, &amqp.Delivery{MessageId: "fresh-b", Headers: amqp.Table{retry.HeaderQueue: "orders", retry.HeaderOriginalMessageID: "bad\x01"}}, false)
+	plain := deadletter.Read(1, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{idemq.HeaderQueue: "orders"}}, false)
+	copyOf := deadletter.Read(2, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{idemq.HeaderQueue: "orders"}}, false)
+	otherQueue := deadletter.Read(3, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{idemq.HeaderQueue: "payments"}}, false)
+	freshA := deadletter.Read(4, &amqp.Delivery{MessageId: "fresh-a", Headers: amqp.Table{idemq.HeaderQueue: "orders", idemq.HeaderOriginalMessageID: "bad\x01"}}, false)
+	freshB := deadletter.Read(5, &amqp.Delivery{MessageId: "fresh-b", Headers: amqp.Table{idemq.HeaderQueue: "orders", idemq.HeaderOriginalMessageID: "bad\x01"}}, false)
 	noID := deadletter.Read(6, &amqp.Delivery{}, false)
-	broker := deadletter.Read(7, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{retry.HeaderDeath: []any{
+	broker := deadletter.Read(7, &amqp.Delivery{MessageId: "m-1", Headers: amqp.Table{idemq.HeaderDeath: []any{
 		amqp.Table{"queue": "orders", "reason": "rejected", "exchange": "", "routing-keys": []any{"orders"}, "count": int64(1)},
 	}}}, false)
 	switch {
@@ -60,15 +59,15 @@ func TestReadKey(t *testing.T) {
 
 func TestRepublishStripsFailureHeaders(t *testing.T) {
 	d := &amqp.Delivery{MessageId: "m-1", Body: []byte("b"), Headers: amqp.Table{
-		"tenant": "acme", retry.HeaderAttempt: int64(3), retry.HeaderReason: "permanent",
-		retry.HeaderOriginalExchange: "evil", retry.HeaderDeath: []any{}, retry.HeaderDeliveryCount: int64(2),
+		"tenant": "acme", idemq.HeaderAttempt: int64(3), idemq.HeaderReason: "permanent",
+		idemq.HeaderOriginalExchange: "evil", idemq.HeaderDeath: []any{}, idemq.HeaderDeliveryCount: int64(2),
 		"x-first-death-queue": "q",
 	}}
 	m := deadletter.Republish(d, "", "orders", time.Unix(0, 0))
 	if m.ID != "m-1" || m.Exchange != "" || m.RoutingKey != "orders" || m.Headers["tenant"] != "acme" || len(m.Headers) != 2 {
 		t.Fatalf("republished %+v", m)
 	}
-	if _, ok := m.Headers[retry.HeaderReplayedAt]; !ok {
+	if _, ok := m.Headers[idemq.HeaderReplayedAt]; !ok {
 		t.Fatal("no replayed-at header")
 	}
 }
@@ -85,7 +84,7 @@ func TestReplayCopiesOfAFailedDeadLetterStay(t *testing.T) {
 		t.Fatal(err)
 	}
 	dl := func(id, queue string) amqp.Publishing {
-		return amqp.Publishing{MessageId: id, Body: []byte(id), Headers: amqp.Table{retry.HeaderReason: idemq.ReasonPermanent, retry.HeaderQueue: queue}}
+		return amqp.Publishing{MessageId: id, Body: []byte(id), Headers: amqp.Table{idemq.HeaderReason: idemq.ReasonPermanent, idemq.HeaderQueue: queue}}
 	}
 	testenv.Publish(t, "", p.DLQ, dl("a", p.Queue), dl("stray", "payments"), dl("a", p.Queue), dl("stray", "payments"))
 

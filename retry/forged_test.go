@@ -22,11 +22,11 @@ import (
 // not kept. The old policy kept all of them.
 func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 	forged := amqp.Table{
-		retry.HeaderOriginalExchange:   "amq.fanout",
-		retry.HeaderOriginalRoutingKey: "payments",
-		retry.HeaderAttempt:            int64(99),
-		retry.HeaderFirstFailure:       "1999-01-01T00:00:00Z",
-		retry.HeaderReason:             "forged",
+		idemq.HeaderOriginalExchange:   "amq.fanout",
+		idemq.HeaderOriginalRoutingKey: "payments",
+		idemq.HeaderAttempt:            int64(99),
+		idemq.HeaderFirstFailure:       "1999-01-01T00:00:00Z",
+		idemq.HeaderReason:             "forged",
 		"x-idemq-anything":             "forged",
 		"custom":                       "kept",
 	}
@@ -62,7 +62,7 @@ func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 				h[k] = v
 			}
 			if tt.marker {
-				h[retry.HeaderQueue] = p.Queue
+				h[idemq.HeaderQueue] = p.Queue
 			}
 			var c calls
 			start := time.Now()
@@ -77,10 +77,10 @@ func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 			if wantRK == "" {
 				wantRK = p.Queue
 			}
-			if got := hs(dl.Headers, retry.HeaderOriginalExchange); got != ex {
+			if got := hs(dl.Headers, idemq.HeaderOriginalExchange); got != ex {
 				t.Errorf("original exchange %q, want %q (the delivery's own)", got, ex)
 			}
-			if got := hs(dl.Headers, retry.HeaderOriginalRoutingKey); got != wantRK {
+			if got := hs(dl.Headers, idemq.HeaderOriginalRoutingKey); got != wantRK {
 				t.Errorf("original routing key %q, want %q", got, wantRK)
 			}
 			if c.n() != 2 {
@@ -89,12 +89,12 @@ func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 			if a := retry.Attempt(c.dels[0].Headers); a != 1 {
 				t.Errorf("the handler saw attempt %d on the first delivery, want 1", a)
 			}
-			first, err := time.Parse(retry.TimeFormat, hs(dl.Headers, retry.HeaderFirstFailure))
+			first, err := time.Parse(retry.TimeFormat, hs(dl.Headers, idemq.HeaderFirstFailure))
 			if err != nil || first.Before(start.Add(-time.Minute)) {
-				t.Errorf("first failure %q kept from the producer", hs(dl.Headers, retry.HeaderFirstFailure))
+				t.Errorf("first failure %q kept from the producer", hs(dl.Headers, idemq.HeaderFirstFailure))
 			}
-			if hs(dl.Headers, retry.HeaderReason) != idemq.ReasonMaxAttempts {
-				t.Errorf("reason %q", hs(dl.Headers, retry.HeaderReason))
+			if hs(dl.Headers, idemq.HeaderReason) != idemq.ReasonMaxAttempts {
+				t.Errorf("reason %q", hs(dl.Headers, idemq.HeaderReason))
 			}
 			if _, ok := dl.Headers["x-idemq-anything"]; ok {
 				t.Errorf("forged x-idemq-anything kept")

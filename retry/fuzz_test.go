@@ -69,11 +69,11 @@ func FuzzAttemptHeaders(f *testing.F) {
 		_ = p.Handle(context.Background(), d)
 		for _, m := range pub.got {
 			for k, v := range m.Headers {
-				if !strings.HasPrefix(k, HeaderPrefix) {
+				if !strings.HasPrefix(k, idemq.HeaderPrefix) {
 					continue
 				}
 				if !trusted {
-					if orig, ok := h[k]; ok && k != HeaderQueue && k != HeaderReason && k != HeaderAttempts {
+					if orig, ok := h[k]; ok && k != idemq.HeaderQueue && k != idemq.HeaderReason && k != idemq.HeaderAttempts {
 						if s, ok := orig.(string); ok && s == v && s != "" && s != d.Exchange && s != d.RoutingKey && s != queue {
 							t.Fatalf("untrusted inbound %s = %q republished", k, s)
 						}
@@ -82,9 +82,9 @@ func FuzzAttemptHeaders(f *testing.F) {
 				switch x := v.(type) {
 				case string:
 					limit := maxHeaderText
-					if k == HeaderError {
+					if k == idemq.HeaderError {
 						limit = p.cfg.ErrorTextLimit
-					} else if k == HeaderOriginalMessageID {
+					} else if k == idemq.HeaderOriginalMessageID {
 						limit = maxOriginalIDText
 					}
 					if len(x) > limit || !utf8.ValidString(x) {

@@ -47,8 +47,8 @@ func TestPolicyWithDedupGuard(t *testing.T) {
 
 	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "g-1"}, amqp.Publishing{Body: []byte("no id")})
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if hs(dl.Headers, retry.HeaderReason) != idemq.ReasonMissingID {
-		t.Fatalf("reason %q", hs(dl.Headers, retry.HeaderReason))
+	if hs(dl.Headers, idemq.HeaderReason) != idemq.ReasonMissingID {
+		t.Fatalf("reason %q", hs(dl.Headers, idemq.HeaderReason))
 	}
 	testenv.Eventually(t, wait, "g-1 processed on its retry", func() bool { return c0.Counters().Get(idemq.CountProcessed) == 1 })
 	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "g-1"})

@@ -12,33 +12,6 @@ import (
 	"github.com/idemq/idemq"
 )
 
-// Header names the policy reads and writes.
-const (
-	HeaderAttempt            = "x-idemq-attempt"  // on a retry: the attempt this delivery is (1-based)
-	HeaderAttempts           = "x-idemq-attempts" // on a dead letter: attempts made
-	HeaderRequeues           = "x-idemq-requeues" // times sent back without an attempt (RequeueError)
-	HeaderReason             = "x-idemq-reason"
-	HeaderError              = "x-idemq-error"
-	HeaderErrorClass         = "x-idemq-error-class" // ReasonOf the last error (handler-error, panic, …)
-	HeaderFirstFailure       = "x-idemq-first-failure"
-	HeaderLastFailure        = "x-idemq-last-failure"
-	HeaderOriginalExchange   = "x-idemq-original-exchange"
-	HeaderOriginalRoutingKey = "x-idemq-original-routing-key"
-	HeaderOriginalMessageID  = "x-idemq-original-message-id"
-	HeaderGroup              = "x-idemq-group"
-	HeaderQueue              = "x-idemq-queue"
-	HeaderDeadLetteredAt     = "x-idemq-dead-lettered-at"
-	HeaderReplayedAt         = "x-idemq-replayed-at"
-
-	HeaderDeliveryCount = "x-delivery-count" // set by quorum queues
-	HeaderDeath         = "x-death"          // set by the broker when it dead-letters
-)
-
-// HeaderPrefix starts every header idemq writes. Inbound headers with it
-// are only kept on deliveries that came through idemq's own retry path
-// ([FromRetryPath]).
-const HeaderPrefix = "x-idemq-"
-
 // TimeFormat is the format of the x-idemq-*-failure headers.
 const TimeFormat = time.RFC3339Nano
 
@@ -181,7 +154,7 @@ func floatCount(f float64) (int64, bool) {
 // 1 when absent, malformed or below 1 (the policy always rewrites it, so a
 // bad value can reset the count at most once — never loop forever).
 func Attempt(h amqp.Table) int {
-	n, ok := Int(h[HeaderAttempt])
+	n, ok := Int(h[idemq.HeaderAttempt])
 	if !ok || n < 1 {
 		return 1
 	}
@@ -191,7 +164,7 @@ func Attempt(h amqp.Table) int {
 // DeliveryCount returns the quorum queue's x-delivery-count (ok=false when
 // absent or malformed).
 func DeliveryCount(h amqp.Table) (int64, bool) {
-	return Int(h[HeaderDeliveryCount])
+	return Int(h[idemq.HeaderDeliveryCount])
 }
 
 // Truncate bounds s to at most limit bytes without splitting a UTF-8
@@ -223,11 +196,11 @@ func FromRetryPath(d *idemq.Delivery) bool {
 	if d == nil || d.Exchange != "" || d.RoutingKey == "" || d.RoutingKey != d.Queue {
 		return false
 	}
-	if q, ok := strOK(d.Headers[HeaderQueue]); !ok || q != d.Queue {
+	if q, ok := strOK(d.Headers[idemq.HeaderQueue]); !ok || q != d.Queue {
 		return false
 	}
-	_, attempt := d.Headers[HeaderAttempt]
-	_, requeues := d.Headers[HeaderRequeues]
+	_, attempt := d.Headers[idemq.HeaderAttempt]
+	_, requeues := d.Headers[idemq.HeaderRequeues]
 	return attempt || requeues
 }
 
@@ -235,7 +208,7 @@ func FromRetryPath(d *idemq.Delivery) bool {
 func StripIdemqHeaders(h amqp.Table) amqp.Table {
 	out := make(amqp.Table, len(h))
 	for k, v := range h {
-		if !strings.HasPrefix(k, HeaderPrefix) {
+		if !strings.HasPrefix(k, idemq.HeaderPrefix) {
 			out[k] = v
 		}
 	}
@@ -252,7 +225,7 @@ func stripForged(d *idemq.Delivery) {
 		return
 	}
 	for k := range d.Headers {
-		if strings.HasPrefix(k, HeaderPrefix) {
+		if strings.HasPrefix(k, idemq.HeaderPrefix) {
 			d.Headers = StripIdemqHeaders(d.Headers)
 			return
 		}
@@ -261,7 +234,7 @@ func stripForged(d *idemq.Delivery) {
 
 // countHeaders are the policy's integer headers; every other x-idemq-*
 // header the policy writes is a string.
-var countHeaders = map[string]bool{HeaderAttempt: true, HeaderAttempts: true, HeaderRequeues: true}
+var countHeaders = map[string]bool{idemq.HeaderAttempt: true, idemq.HeaderAttempts: true, idemq.HeaderRequeues: true}
 
 // bound caps every x-idemq-* header of h (about to be republished) in
 // place: strings at maxHeaderText bytes (the error text at errLimit, the
@@ -269,7 +242,7 @@ var countHeaders = map[string]bool{HeaderAttempt: true, HeaderAttempts: true, He
 // else dropped. What idemq adds to a message stays a few KiB at most.
 func bound(h amqp.Table, errLimit int) {
 	for k, v := range h {
-		if !strings.HasPrefix(k, HeaderPrefix) {
+		if !strings.HasPrefix(k, idemq.HeaderPrefix) {
 			continue
 		}
 		if countHeaders[k] {
@@ -287,9 +260,9 @@ func bound(h amqp.Table, errLimit int) {
 		}
 		limit := maxHeaderText
 		switch k {
-		case HeaderError:
+		case idemq.HeaderError:
 			limit = errLimit
-		case HeaderOriginalMessageID:
+		case idemq.HeaderOriginalMessageID:
 			limit = maxOriginalIDText
 		}
 		h[k] = Truncate(s, limit)
@@ -301,8 +274,8 @@ func bound(h amqp.Table, errLimit int) {
 // attempt count.
 func minimalHeaders(own amqp.Table, reason string, attempts int) amqp.Table {
 	h := StripIdemqHeaders(own)
-	delete(h, HeaderDeliveryCount)
-	h[HeaderReason] = Truncate(reason, maxHeaderText)
-	h[HeaderAttempts] = int64(attempts)
+	delete(h, idemq.HeaderDeliveryCount)
+	h[idemq.HeaderReason] = Truncate(reason, maxHeaderText)
+	h[idemq.HeaderAttempts] = int64(attempts)
 	return h
 }

@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
 )
 
 func TestParseXDeath(t *testing.T) {
@@ -65,7 +67,7 @@ func TestAttemptAndInt(t *testing.T) {
 		{int64(math.MaxInt64), math.MaxInt32},
 	}
 	for _, tt := range tests {
-		if got := Attempt(amqp.Table{HeaderAttempt: tt.v}); got != tt.want {
+		if got := Attempt(amqp.Table{idemq.HeaderAttempt: tt.v}); got != tt.want {
 			t.Errorf("Attempt(%#v) = %d, want %d", tt.v, got, tt.want)
 		}
 	}
@@ -121,8 +123,8 @@ func (g *gen) str() string {
 }
 
 var keys = []string{"count", "reason", "queue", "time", "exchange", "routing-keys", "original-expiration",
-	HeaderAttempt, HeaderAttempts, HeaderRequeues, HeaderQueue, HeaderOriginalExchange, HeaderOriginalRoutingKey,
-	HeaderFirstFailure, HeaderError, HeaderOriginalMessageID, HeaderDeliveryCount, HeaderDeath, "x-idemq-other", "custom"}
+	idemq.HeaderAttempt, idemq.HeaderAttempts, idemq.HeaderRequeues, idemq.HeaderQueue, idemq.HeaderOriginalExchange, idemq.HeaderOriginalRoutingKey,
+	idemq.HeaderFirstFailure, idemq.HeaderError, idemq.HeaderOriginalMessageID, idemq.HeaderDeliveryCount, idemq.HeaderDeath, "x-idemq-other", "custom"}
 
 func (g *gen) value() any {
 	if len(g.b) == 0 {
@@ -208,7 +210,7 @@ func FuzzParseXDeath(f *testing.F) {
 			t.Fatalf("%d entries from an array of %d", len(ds), len(arr))
 		}
 		// The other header readers get the same garbage.
-		h := amqp.Table{HeaderAttempt: v, HeaderDeliveryCount: v, HeaderDeath: v}
+		h := amqp.Table{idemq.HeaderAttempt: v, idemq.HeaderDeliveryCount: v, idemq.HeaderDeath: v}
 		if a := Attempt(h); a < 1 || a > math.MaxInt32 {
 			t.Fatalf("attempt %d out of range", a)
 		}

@@ -55,11 +55,11 @@ func TestRetryWithoutMessageIDIsDeadLetteredNotLooped(t *testing.T) {
 		return len(dls) == 1
 	})
 	dl := dls[0]
-	if got := hs(dl.Headers, retry.HeaderReason); got != idemq.ReasonMissingID {
+	if got := hs(dl.Headers, idemq.HeaderReason); got != idemq.ReasonMissingID {
 		t.Fatalf("reason %q, want %q", got, idemq.ReasonMissingID)
 	}
-	if !strings.Contains(hs(dl.Headers, retry.HeaderError), "database is down") {
-		t.Fatalf("error text %q lost the handler's error", hs(dl.Headers, retry.HeaderError))
+	if !strings.Contains(hs(dl.Headers, idemq.HeaderError), "database is down") {
+		t.Fatalf("error text %q lost the handler's error", hs(dl.Headers, idemq.HeaderError))
 	}
 	if idemq.ValidateID(dl.MessageId) != nil || string(dl.Body) != "no id" || hs(dl.Headers, "order-id") != "o-7" {
 		t.Fatalf("dead letter id %q body %q headers %v", dl.MessageId, dl.Body, dl.Headers)
@@ -178,8 +178,8 @@ func TestDeadLetterTransientPublishFailureKeepsTheDelivery(t *testing.T) {
 	testenv.Eventually(t, wait, "several failed dead-letter attempts", func() bool { return c.n() >= 3 })
 	proxy.Resume()
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if dl.MessageId != "keep-1" || hs(dl.Headers, retry.HeaderReason) != idemq.ReasonPermanent {
-		t.Fatalf("dead letter %q reason %q", dl.MessageId, hs(dl.Headers, retry.HeaderReason))
+	if dl.MessageId != "keep-1" || hs(dl.Headers, idemq.HeaderReason) != idemq.ReasonPermanent {
+		t.Fatalf("dead letter %q reason %q", dl.MessageId, hs(dl.Headers, idemq.HeaderReason))
 	}
 	testenv.Eventually(t, wait, "work queue empty", func() bool {
 		n, _ := testenv.QueueCounts(t, p.Queue)
@@ -210,7 +210,7 @@ func TestHugeErrorTextIsDeadLetteredNotLooped(t *testing.T) {
 		dls = append(dls, testenv.Drain(t, p.DLQ)...)
 		return len(dls) == 1
 	})
-	e := hs(dls[0].Headers, retry.HeaderError)
+	e := hs(dls[0].Headers, idemq.HeaderError)
 	if len(e) > retry.MaxErrorTextLimit || !strings.HasPrefix(e, "permanent: stack frame") {
 		t.Fatalf("error header %d bytes: %.80q", len(e), e)
 	}

@@ -329,7 +329,7 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 	now := p.cfg.Now()
 	delay := p.delay(attempt)
 	h := p.failureHeaders(d, cause, now)
-	h[HeaderAttempt] = int64(attempt + 1)
+	h[idemq.HeaderAttempt] = int64(attempt + 1)
 	q := p.cfg.RetryQueue(d.Queue, delay)
 	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
 		if unpublishable(err) {
@@ -394,9 +394,9 @@ func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.Reque
 	}
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
-	h[HeaderQueue] = d.Queue // with x-idemq-requeues: the marker of idemq's own path
-	n, _ := Int(h[HeaderRequeues])
-	h[HeaderRequeues] = n + 1
+	h[idemq.HeaderQueue] = d.Queue // with x-idemq-requeues: the marker of idemq's own path
+	n, _ := Int(h[idemq.HeaderRequeues])
+	h[idemq.HeaderRequeues] = n + 1
 	bound(h, p.cfg.ErrorTextLimit)
 	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
 		// Not an attempt: whatever the error, the delivery waits in place
@@ -434,14 +434,14 @@ func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason strin
 	}
 	now := p.cfg.Now()
 	h := p.failureHeaders(d, cause, now)
-	delete(h, HeaderAttempt)
-	h[HeaderReason] = reason
-	h[HeaderAttempts] = int64(attempts)
-	h[HeaderDeadLetteredAt] = now.UTC().Format(TimeFormat)
+	delete(h, idemq.HeaderAttempt)
+	h[idemq.HeaderReason] = reason
+	h[idemq.HeaderAttempts] = int64(attempts)
+	h[idemq.HeaderDeadLetteredAt] = now.UTC().Format(TimeFormat)
 	msg := republish(d, "", q, h)
 	if idemq.ValidateID(msg.ID) != nil {
 		if d.MessageID != "" {
-			h[HeaderOriginalMessageID] = Truncate(d.MessageID, maxOriginalIDText)
+			h[idemq.HeaderOriginalMessageID] = Truncate(d.MessageID, maxOriginalIDText)
 		}
 		msg.ID = idemq.NewMessageID()
 	}
@@ -452,8 +452,8 @@ func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason strin
 		p.cfg.Logger.Warn("idemq/retry: dead letter too large with idemq's headers; sending it without them",
 			"message_id", d.MessageID, "dlq", q, "reason", reason, "err", err)
 		mh := minimalHeaders(d.Headers, reason, attempts)
-		if v, ok := h[HeaderOriginalMessageID]; ok {
-			mh[HeaderOriginalMessageID] = v
+		if v, ok := h[idemq.HeaderOriginalMessageID]; ok {
+			mh[idemq.HeaderOriginalMessageID] = v
 		}
 		msg.Headers = mh
 		err = p.publish(ctx, msg)
@@ -490,28 +490,28 @@ func (p *policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) a
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
 	ts := now.UTC().Format(TimeFormat)
-	if _, ok := strOK(h[HeaderFirstFailure]); !ok {
-		h[HeaderFirstFailure] = ts
+	if _, ok := strOK(h[idemq.HeaderFirstFailure]); !ok {
+		h[idemq.HeaderFirstFailure] = ts
 	}
-	h[HeaderLastFailure] = ts
-	h[HeaderError] = Truncate(errText(cause), p.cfg.ErrorTextLimit)
-	h[HeaderErrorClass] = idemq.ReasonOf(cause)
+	h[idemq.HeaderLastFailure] = ts
+	h[idemq.HeaderError] = Truncate(errText(cause), p.cfg.ErrorTextLimit)
+	h[idemq.HeaderErrorClass] = idemq.ReasonOf(cause)
 	if d.Group != "" {
-		h[HeaderGroup] = d.Group
+		h[idemq.HeaderGroup] = d.Group
 	}
-	h[HeaderQueue] = d.Queue
+	h[idemq.HeaderQueue] = d.Queue
 	bound(h, p.cfg.ErrorTextLimit)
 	return h
 }
 
 // setOriginal records where the message was first published, once.
 func setOriginal(h amqp.Table, d *idemq.Delivery) {
-	if _, ok := strOK(h[HeaderOriginalExchange]); !ok {
-		h[HeaderOriginalExchange] = d.Exchange
-		h[HeaderOriginalRoutingKey] = d.RoutingKey
+	if _, ok := strOK(h[idemq.HeaderOriginalExchange]); !ok {
+		h[idemq.HeaderOriginalExchange] = d.Exchange
+		h[idemq.HeaderOriginalRoutingKey] = d.RoutingKey
 	}
-	if _, ok := strOK(h[HeaderOriginalRoutingKey]); !ok {
-		h[HeaderOriginalRoutingKey] = d.RoutingKey
+	if _, ok := strOK(h[idemq.HeaderOriginalRoutingKey]); !ok {
+		h[idemq.HeaderOriginalRoutingKey] = d.RoutingKey
 	}
 }
 
@@ -520,7 +520,7 @@ func copyHeaders(src amqp.Table) amqp.Table {
 	for k, v := range src {
 		h[k] = v
 	}
-	delete(h, HeaderDeliveryCount)
+	delete(h, idemq.HeaderDeliveryCount)
 	return h
 }
 

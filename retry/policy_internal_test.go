@@ -101,8 +101,8 @@ func TestPolicyReactionToRepublishErrors(t *testing.T) {
 			p := newTestPolicy(cfg, pub, func(context.Context, *idemq.Delivery) error { return tt.handler })
 			h := amqp.Table{"own": "kept"}
 			if tt.attempt > 0 {
-				h[HeaderAttempt] = tt.attempt
-				h[HeaderQueue] = "q"
+				h[idemq.HeaderAttempt] = tt.attempt
+				h[idemq.HeaderQueue] = "q"
 			}
 			d := &idemq.Delivery{MessageID: tt.id, Queue: "q", RoutingKey: "q", Headers: h, Body: []byte("b")}
 			var rec idemq.Counters
@@ -130,11 +130,11 @@ func TestPolicyReactionToRepublishErrors(t *testing.T) {
 			}
 			if n := len(pub.got); n > 0 {
 				last := pub.got[n-1].Headers
-				_, hasErr := last[HeaderError]
+				_, hasErr := last[idemq.HeaderError]
 				if tt.want.minimal == hasErr {
 					t.Errorf("last publish headers %v (minimal %v)", last, tt.want.minimal)
 				}
-				if tt.want.minimal && (last[HeaderReason] == nil || last[HeaderAttempts] == nil) {
+				if tt.want.minimal && (last[idemq.HeaderReason] == nil || last[idemq.HeaderAttempts] == nil) {
 					t.Errorf("minimal dead letter lacks reason or attempts: %v", last)
 				}
 			}
@@ -153,8 +153,8 @@ func TestAddedHeadersAreBounded(t *testing.T) {
 	p := newTestPolicy(Config{QuickAttempts: 1, Delays: []time.Duration{}, ErrorTextLimit: 1 << 20}, pub,
 		func(context.Context, *idemq.Delivery) error { return idemq.Permanent(errors.New(huge)) })
 	d := &idemq.Delivery{MessageID: "m-1", Queue: "q", RoutingKey: "q", Group: strings.Repeat("g", 10_000),
-		Headers: amqp.Table{HeaderQueue: "q", HeaderRequeues: int64(1), HeaderOriginalExchange: huge,
-			HeaderOriginalRoutingKey: []byte(huge), HeaderFirstFailure: huge, HeaderReplayedAt: amqp.Table{"a": huge}}}
+		Headers: amqp.Table{idemq.HeaderQueue: "q", idemq.HeaderRequeues: int64(1), idemq.HeaderOriginalExchange: huge,
+			idemq.HeaderOriginalRoutingKey: []byte(huge), idemq.HeaderFirstFailure: huge, idemq.HeaderReplayedAt: amqp.Table{"a": huge}}}
 	if err := p.Handle(context.Background(), d); err != nil {
 		t.Fatal(err)
 	}

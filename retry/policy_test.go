@@ -192,31 +192,31 @@ func TestRetryUntilDeadLetter(t *testing.T) {
 	}
 	h := dl.Headers
 	checks := map[string]string{
-		retry.HeaderReason: idemq.ReasonMaxAttempts, retry.HeaderErrorClass: idemq.ReasonHandlerError,
-		retry.HeaderError: "database is down", retry.HeaderOriginalExchange: "", retry.HeaderOriginalRoutingKey: p.Queue,
-		retry.HeaderGroup: "g1", retry.HeaderQueue: p.Queue, "custom": "kept",
+		idemq.HeaderReason: idemq.ReasonMaxAttempts, idemq.HeaderErrorClass: idemq.ReasonHandlerError,
+		idemq.HeaderError: "database is down", idemq.HeaderOriginalExchange: "", idemq.HeaderOriginalRoutingKey: p.Queue,
+		idemq.HeaderGroup: "g1", idemq.HeaderQueue: p.Queue, "custom": "kept",
 	}
 	for k, want := range checks {
 		if got := hs(h, k); got != want {
 			t.Errorf("header %s = %q, want %q", k, got, want)
 		}
 	}
-	if n := hi(t, h, retry.HeaderAttempts); n != 3 {
+	if n := hi(t, h, idemq.HeaderAttempts); n != 3 {
 		t.Errorf("attempts header %d, want 3", n)
 	}
-	first, err1 := time.Parse(retry.TimeFormat, hs(h, retry.HeaderFirstFailure))
-	last, err2 := time.Parse(retry.TimeFormat, hs(h, retry.HeaderLastFailure))
+	first, err1 := time.Parse(retry.TimeFormat, hs(h, idemq.HeaderFirstFailure))
+	last, err2 := time.Parse(retry.TimeFormat, hs(h, idemq.HeaderLastFailure))
 	if err1 != nil || err2 != nil || last.Sub(first) < 400*time.Millisecond {
 		t.Errorf("first/last failure %v / %v (%v %v), want >= 400ms apart", first, last, err1, err2)
 	}
 	if dl.MessageId != "order-2" || string(dl.Body) != "body" || dl.ContentType != "text/plain" {
 		t.Errorf("dead letter changed the message: id %q body %q type %q", dl.MessageId, dl.Body, dl.ContentType)
 	}
-	if _, ok := h[retry.HeaderAttempt]; ok {
-		t.Errorf("dead letter still carries %s", retry.HeaderAttempt)
+	if _, ok := h[idemq.HeaderAttempt]; ok {
+		t.Errorf("dead letter still carries %s", idemq.HeaderAttempt)
 	}
-	if deaths := retry.ParseXDeath(h[retry.HeaderDeath]); len(deaths) == 0 {
-		t.Errorf("no x-death from the retry queues: %v", h[retry.HeaderDeath])
+	if deaths := retry.ParseXDeath(h[idemq.HeaderDeath]); len(deaths) == 0 {
+		t.Errorf("no x-death from the retry queues: %v", h[idemq.HeaderDeath])
 	}
 	testenv.Eventually(t, wait, "work queue empty", func() bool { n, _ := testenv.QueueCounts(t, p.Queue); return n == 0 })
 	testenv.Eventually(t, wait, "counters", func() bool {
@@ -240,11 +240,11 @@ func TestMissingRetryQueueDeadLettersAsHandlerError(t *testing.T) {
 		})
 	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "he-1"})
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if got := hs(dl.Headers, retry.HeaderReason); got != idemq.ReasonHandlerError {
+	if got := hs(dl.Headers, idemq.HeaderReason); got != idemq.ReasonHandlerError {
 		t.Fatalf("reason %q, want %q", got, idemq.ReasonHandlerError)
 	}
-	if !strings.Contains(hs(dl.Headers, retry.HeaderError), "retry queue") {
-		t.Fatalf("error text %q does not explain", hs(dl.Headers, retry.HeaderError))
+	if !strings.Contains(hs(dl.Headers, idemq.HeaderError), "retry queue") {
+		t.Fatalf("error text %q does not explain", hs(dl.Headers, idemq.HeaderError))
 	}
 	if c.n() != 1 {
 		t.Fatalf("%d calls", c.n())
@@ -259,7 +259,7 @@ func TestErrorTextIsBounded(t *testing.T) {
 		})
 	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "long-1"})
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if e := hs(dl.Headers, retry.HeaderError); len(e) > 64 || len(e) < 60 || !utf8.ValidString(e) {
+	if e := hs(dl.Headers, idemq.HeaderError); len(e) > 64 || len(e) < 60 || !utf8.ValidString(e) {
 		t.Fatalf("error header %d bytes: %q", len(e), e)
 	}
 }
@@ -290,14 +290,14 @@ func TestDeadLetterReasons(t *testing.T) {
 			}
 			testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: id, Body: []byte(tt.name)})
 			dl := waitDLQ(t, p.DLQ, 1)[0]
-			if got := hs(dl.Headers, retry.HeaderReason); got != tt.reason {
+			if got := hs(dl.Headers, idemq.HeaderReason); got != tt.reason {
 				t.Fatalf("reason %q, want %q", got, tt.reason)
 			}
 			if c.n() != 1 {
 				t.Fatalf("handler ran %d times; a permanent failure is never retried", c.n())
 			}
-			if hi(t, dl.Headers, retry.HeaderAttempts) != 1 {
-				t.Fatalf("attempts %v", dl.Headers[retry.HeaderAttempts])
+			if hi(t, dl.Headers, idemq.HeaderAttempts) != 1 {
+				t.Fatalf("attempts %v", dl.Headers[idemq.HeaderAttempts])
 			}
 			if tt.noID {
 				if idemq.ValidateID(dl.MessageId) != nil {
@@ -323,8 +323,8 @@ func TestPanicIsRetriedThenDeadLettered(t *testing.T) {
 		})
 	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "p-1"})
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if hs(dl.Headers, retry.HeaderReason) != idemq.ReasonMaxAttempts || hs(dl.Headers, retry.HeaderErrorClass) != idemq.ReasonPanic {
-		t.Fatalf("reason %q class %q", hs(dl.Headers, retry.HeaderReason), hs(dl.Headers, retry.HeaderErrorClass))
+	if hs(dl.Headers, idemq.HeaderReason) != idemq.ReasonMaxAttempts || hs(dl.Headers, idemq.HeaderErrorClass) != idemq.ReasonPanic {
+		t.Fatalf("reason %q class %q", hs(dl.Headers, idemq.HeaderReason), hs(dl.Headers, idemq.HeaderErrorClass))
 	}
 	if c.n() != 2 {
 		t.Fatalf("%d calls, want 2", c.n())
@@ -359,13 +359,13 @@ func TestDeliveryLimitQuorum(t *testing.T) {
 		return nil
 	})
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	if got := hs(dl.Headers, retry.HeaderReason); got != idemq.ReasonDeliveryLimit {
+	if got := hs(dl.Headers, idemq.HeaderReason); got != idemq.ReasonDeliveryLimit {
 		t.Fatalf("reason %q, want %q (headers %v)", got, idemq.ReasonDeliveryLimit, dl.Headers)
 	}
 	if c.n() != 0 {
 		t.Fatalf("handler ran %d times on a poison delivery", c.n())
 	}
-	if _, ok := dl.Headers[retry.HeaderDeliveryCount]; ok {
+	if _, ok := dl.Headers[idemq.HeaderDeliveryCount]; ok {
 		t.Fatalf("dead letter still carries x-delivery-count")
 	}
 	if dl.MessageId != "poison-1" {
@@ -395,7 +395,7 @@ func TestRequeueErrorIsDelayedNotCounted(t *testing.T) {
 	if retry.Attempt(d.Headers) != 1 {
 		t.Fatalf("attempt %d after requeues, want 1 (not counted)", retry.Attempt(d.Headers))
 	}
-	if n := hi(t, d.Headers, retry.HeaderRequeues); n != 2 {
+	if n := hi(t, d.Headers, idemq.HeaderRequeues); n != 2 {
 		t.Fatalf("requeues %d, want 2", n)
 	}
 	for i := 1; i < 3; i++ {
@@ -431,8 +431,8 @@ func TestRequeueInPlaceStaysInTheWorkQueue(t *testing.T) {
 	}
 	// Redelivered by the broker from the work queue, not republished: no
 	// requeue header, the redelivered flag set.
-	if _, ok := d.Headers[retry.HeaderRequeues]; ok {
-		t.Fatalf("delivery carries %s: it was republished, want requeued in place", retry.HeaderRequeues)
+	if _, ok := d.Headers[idemq.HeaderRequeues]; ok {
+		t.Fatalf("delivery carries %s: it was republished, want requeued in place", idemq.HeaderRequeues)
 	}
 	if !d.Redelivered {
 		t.Fatal("the delivery is not flagged redelivered: it did not come back from the work queue")
@@ -475,7 +475,7 @@ func TestRequeueInPlaceRepublishesNearTheDeliveryLimit(t *testing.T) {
 		if n >= int64(p.DeliveryLimit) {
 			t.Fatalf("call %d saw x-delivery-count %d, the limit is %d", i+1, n, p.DeliveryLimit)
 		}
-		if _, ok := d.Headers[retry.HeaderRequeues]; ok {
+		if _, ok := d.Headers[idemq.HeaderRequeues]; ok {
 			parked++
 		}
 		if _, ok := d.Headers["x-death"]; ok {
@@ -499,7 +499,7 @@ func TestNoPublisherFallsBackToBrokerDeadLettering(t *testing.T) {
 	})
 	testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "np-1"})
 	dl := waitDLQ(t, p.DLQ, 1)[0]
-	deaths := retry.ParseXDeath(dl.Headers[retry.HeaderDeath])
+	deaths := retry.ParseXDeath(dl.Headers[idemq.HeaderDeath])
 	if len(deaths) != 1 || deaths[0].Reason != "rejected" || deaths[0].Queue != p.Queue {
 		t.Fatalf("x-death %+v", deaths)
 	}

@@ -26,7 +26,7 @@ func TestPolicyUnavailableIsNotAnAttempt(t *testing.T) {
 		// default exchange, routing key = the queue, the queue marker),
 		// so its attempt header is trusted.
 		d := &idemq.Delivery{MessageID: "m", Queue: "q", RoutingKey: "q",
-			Headers: amqp.Table{retry.HeaderAttempt: attempt, retry.HeaderQueue: "q"}}
+			Headers: amqp.Table{idemq.HeaderAttempt: attempt, idemq.HeaderQueue: "q"}}
 		err := h.Handle(context.Background(), d)
 		var rq *idemq.RequeueError
 		if !errors.As(err, &rq) || !rq.InPlace || rq.After <= 0 {
@@ -38,7 +38,7 @@ func TestPolicyUnavailableIsNotAnAttempt(t *testing.T) {
 		if runs != 1 {
 			t.Fatalf("attempt %d: handler ran %d times, want 1 (no quick retries)", attempt, runs)
 		}
-		if got, _ := retry.Int(d.Headers[retry.HeaderAttempt]); got != attempt {
+		if got, _ := retry.Int(d.Headers[idemq.HeaderAttempt]); got != attempt {
 			t.Fatalf("attempt header changed to %d", got)
 		}
 	}

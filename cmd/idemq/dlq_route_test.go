@@ -8,7 +8,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -16,8 +15,8 @@ import (
 // choosing.
 func forged(id, exchange, key string, extra amqp.Table) amqp.Publishing {
 	h := amqp.Table{
-		retry.HeaderReason: idemq.ReasonPermanent, retry.HeaderOriginalExchange: exchange,
-		retry.HeaderOriginalRoutingKey: key, retry.HeaderAttempts: int64(1),
+		idemq.HeaderReason: idemq.ReasonPermanent, idemq.HeaderOriginalExchange: exchange,
+		idemq.HeaderOriginalRoutingKey: key, idemq.HeaderAttempts: int64(1),
 	}
 	for k, v := range extra {
 		h[k] = v
@@ -100,7 +99,7 @@ func TestDLQReplayGoesToTheWorkQueueOnly(t *testing.T) {
 func TestDLQReplayRefusesAnotherQueuesDeadLetter(t *testing.T) {
 	url := testenv.RequireAMQP(t)
 	p := declareQueue(t, topology.Queue{Name: testenv.Name(t, "q"), NoRetry: true})
-	testenv.Publish(t, "", p.DLQ, forged("stray-1", "", "payments", amqp.Table{retry.HeaderQueue: "payments"}))
+	testenv.Publish(t, "", p.DLQ, forged("stray-1", "", "payments", amqp.Table{idemq.HeaderQueue: "payments"}))
 	out, _, err := runCLI(t, "", "dlq", "replay", p.Queue, "--url", url)
 	if err == nil {
 		t.Fatalf("replay of another queue's dead letter succeeded: %q", out)
@@ -145,12 +144,12 @@ func TestDLQDuplicatesCollapsed(t *testing.T) {
 	p := declareQueue(t, topology.Queue{Name: testenv.Name(t, "q"), NoRetry: true})
 	var msgs []amqp.Publishing
 	for _, id := range []string{"d-1", "d-2", "d-1", "d-3"} {
-		msgs = append(msgs, forged(id, "", p.Queue, amqp.Table{retry.HeaderQueue: p.Queue}))
+		msgs = append(msgs, forged(id, "", p.Queue, amqp.Table{idemq.HeaderQueue: p.Queue}))
 	}
 	// Two copies of a message whose dead letters got fresh IDs (its own was
 	// invalid): the original ID is in a header.
 	for _, id := range []string{"fresh-a", "fresh-b"} {
-		msgs = append(msgs, forged(id, "", p.Queue, amqp.Table{retry.HeaderQueue: p.Queue, retry.HeaderOriginalMessageID: "bad\x01id"}))
+		msgs = append(msgs, forged(id, "", p.Queue, amqp.Table{idemq.HeaderQueue: p.Queue, idemq.HeaderOriginalMessageID: "bad\x01id"}))
 	}
 	testenv.Publish(t, "", p.DLQ, msgs...)
 

@@ -169,7 +169,7 @@ func TestDLQRoundTrip(t *testing.T) {
 		t.Fatalf("processed %v, want order-1 once", processed)
 	}
 	if replayed.MessageID != "order-1" || retry.Attempt(replayed.Headers) != 1 || replayed.HeaderString("tenant") != "acme" ||
-		replayed.HeaderString(retry.HeaderReason) != "" || replayed.Exchange != "" || replayed.RoutingKey != p.Queue {
+		replayed.HeaderString(idemq.HeaderReason) != "" || replayed.Exchange != "" || replayed.RoutingKey != p.Queue {
 		t.Fatalf("replayed delivery %+v", replayed)
 	}
 	mu.Unlock()
@@ -192,8 +192,8 @@ func TestDLQRoundTrip(t *testing.T) {
 
 func deadLetter(id, queue string) amqp.Publishing {
 	return amqp.Publishing{MessageId: id, Body: []byte(id), Headers: amqp.Table{
-		retry.HeaderReason: idemq.ReasonPermanent, retry.HeaderOriginalExchange: "",
-		retry.HeaderOriginalRoutingKey: queue, retry.HeaderAttempts: int64(1), retry.HeaderAttempt: int64(4),
+		idemq.HeaderReason: idemq.ReasonPermanent, idemq.HeaderOriginalExchange: "",
+		idemq.HeaderOriginalRoutingKey: queue, idemq.HeaderAttempts: int64(1), idemq.HeaderAttempt: int64(4),
 	}}
 }
 
@@ -220,10 +220,10 @@ func TestDLQReplayRateAndLimit(t *testing.T) {
 		t.Fatalf("work queue got %d messages", len(got))
 	}
 	for _, d := range got {
-		if _, ok := d.Headers[retry.HeaderAttempt]; ok {
+		if _, ok := d.Headers[idemq.HeaderAttempt]; ok {
 			t.Fatalf("attempt header not reset: %v", d.Headers)
 		}
-		if _, ok := d.Headers[retry.HeaderReplayedAt]; !ok {
+		if _, ok := d.Headers[idemq.HeaderReplayedAt]; !ok {
 			t.Fatalf("no replayed-at header: %v", d.Headers)
 		}
 	}

@@ -14,15 +14,8 @@ import (
 	"github.com/idemq/idemq"
 )
 
-// Headers the router sets on a suspected duplicate.
-const (
-	HeaderReason             = "x-idemq-reason"
-	HeaderDedupKey           = "x-idemq-dedup-key"
-	HeaderOriginalQueue      = "x-idemq-original-queue"
-	HeaderOriginalExchange   = "x-idemq-original-exchange"
-	HeaderOriginalRouting    = "x-idemq-original-routing-key"
-	ReasonSuspectedDuplicate = idemq.ReasonSuspectedDuplicate
-)
+// ReasonSuspectedDuplicate is the reason the router writes (idemq.HeaderReason).
+const ReasonSuspectedDuplicate = idemq.ReasonSuspectedDuplicate
 
 // RequeueSuspectPublish is the requeue reason when the suspected-duplicate
 // publish failed.
@@ -92,11 +85,11 @@ func route(ctx context.Context, cfg RouterConfig, d *idemq.Delivery, sde *Suspec
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
-	headers[HeaderReason] = ReasonSuspectedDuplicate
-	headers[HeaderDedupKey] = sde.Key
-	headers[HeaderOriginalQueue] = d.Queue
-	headers[HeaderOriginalExchange] = d.Exchange
-	headers[HeaderOriginalRouting] = d.RoutingKey
+	headers[idemq.HeaderReason] = ReasonSuspectedDuplicate
+	headers[idemq.HeaderDedupKey] = sde.Key
+	headers[idemq.HeaderOriginalQueue] = d.Queue
+	headers[idemq.HeaderOriginalExchange] = d.Exchange
+	headers[idemq.HeaderOriginalRoutingKey] = d.RoutingKey
 	msg := idemq.Message{
 		ID:              suspectID(d, sde.Key),
 		RoutingKey:      queue,

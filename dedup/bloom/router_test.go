@@ -169,8 +169,8 @@ func TestSuspectRouterEndToEndNoSilentAck(t *testing.T) {
 			sus := testenv.Drain(t, suspects)
 			for _, d := range sus {
 				got[d.MessageId]++
-				if d.Headers[bloom.HeaderReason] != bloom.ReasonSuspectedDuplicate || d.Headers[bloom.HeaderOriginalQueue] != queue ||
-					d.Headers[bloom.HeaderDedupKey] != dedup.Key("idemq", queue, d.MessageId) || string(d.Body) != d.MessageId {
+				if d.Headers[idemq.HeaderReason] != bloom.ReasonSuspectedDuplicate || d.Headers[idemq.HeaderOriginalQueue] != queue ||
+					d.Headers[idemq.HeaderDedupKey] != dedup.Key("idemq", queue, d.MessageId) || string(d.Body) != d.MessageId {
 					t.Errorf("suspect %s: headers %v body %q", d.MessageId, d.Headers, d.Body)
 				}
 			}
@@ -218,8 +218,8 @@ func TestSuspectWithoutRouterIsDeadLetteredWithReason(t *testing.T) {
 	testenv.Eventually(t, e2eWait, "every message acked", func() bool { return cnt.Get(idemq.CountAcked) == n })
 	dead := testenv.Drain(t, dlq)
 	for _, d := range dead {
-		if d.Headers[retry.HeaderReason] != idemq.ReasonSuspectedDuplicate {
-			t.Errorf("dead letter %s reason %v", d.MessageId, d.Headers[retry.HeaderReason])
+		if d.Headers[idemq.HeaderReason] != idemq.ReasonSuspectedDuplicate {
+			t.Errorf("dead letter %s reason %v", d.MessageId, d.Headers[idemq.HeaderReason])
 		}
 	}
 	if len(dead) == 0 || len(r.snapshot())+len(dead) != n {

@@ -841,7 +841,7 @@ func drainReasons(amqpURL, queue string) ([]string, []string, error) {
 			return out, ids, nil
 		}
 		ids = append(ids, d.MessageId)
-		r, _ := d.Headers["x-idemq-reason"].(string)
+		r, _ := d.Headers[idemq.HeaderReason].(string)
 		if r == "" {
 			r = "?"
 		}

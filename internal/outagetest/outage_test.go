@@ -136,8 +136,8 @@ func (f *fixture) deadLettered(t *testing.T) bool {
 func (f *fixture) checkNoDeadLetters(t *testing.T) {
 	t.Helper()
 	if dl := testenv.Drain(t, topology.ForQueue(f.q).DLQ); len(dl) > 0 {
-		r, _ := dl[0].Headers[retry.HeaderReason].(string)
-		e, _ := dl[0].Headers[retry.HeaderError].(string)
+		r, _ := dl[0].Headers[idemq.HeaderReason].(string)
+		e, _ := dl[0].Headers[idemq.HeaderError].(string)
 		t.Errorf("%d valid messages dead-lettered during a %v outage (first: %s, reason %s: %s)", len(dl), outage, dl[0].MessageId, r, e)
 	}
 }
