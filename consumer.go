@@ -11,8 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemq/idemq/internal/acker"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/acker"
 )
 
 // DefaultURL is the broker used when a config leaves URL empty and

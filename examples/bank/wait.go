@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/inbox"
 )
 
 // waitFor runs f until it succeeds, retrying with backoff (100ms doubling

@@ -33,8 +33,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
 )
