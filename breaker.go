@@ -273,22 +273,6 @@ func (b *breaker) paused() bool { return !b.cfg.Disabled && b.state.Load() != br
 // dependency is unavailable (see [BreakerConfig]).
 func (c *Consumer) Paused() bool { return c.brk.paused() }
 
-// giveBack handles a delivery whose handler chain reported a dependency
-// unavailable without a [RequeueError] (no failure policy installed): it
-// is requeued after RetryAfter, never rejected. It reports whether it did.
-func (b *breaker) giveBack(rq *requeuer, tag uint64, err error, shutdown bool) bool {
-	var re *RequeueError
-	if !IsUnavailable(err) || errors.As(err, &re) {
-		return false
-	}
-	after := b.cfg.RetryAfter
-	if shutdown {
-		after = 0
-	}
-	rq.later(tag, after)
-	return true
-}
-
 func dependencyOf(err error) string {
 	var u *UnavailableError
 	if errors.As(err, &u) {

@@ -12,7 +12,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
-	"github.com/idemq/idemq/internal/acker"
 )
 
 // DefaultURL is the broker used when a config leaves URL empty and
@@ -31,8 +30,9 @@ func URLFromEnv() string {
 // publisher call it after every (re)connect, so it must be idempotent.
 type SetupFunc func(ctx context.Context, ch *amqp.Channel) error
 
-// ConsumerConfig configures a [Consumer]. Only Queue is required; every other
-// field has a documented default.
+// ConsumerConfig configures a [Consumer]. Queue and Pipeline.Handler are
+// required; every other field has a documented default, filled by
+// [NewConsumer] (the zero value of a field means its default).
 type ConsumerConfig struct {
 	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL].
 	URL string
@@ -43,9 +43,13 @@ type ConsumerConfig struct {
 	// process it once. Default: Queue.
 	Group string
 	// ID says where a delivery's message ID comes from; it is decided once
-	// per delivery, before any middleware, and every layer reads it with
+	// per delivery, before any layer runs, and every layer reads it with
 	// [Delivery.ID]. The zero value uses the AMQP message_id only.
 	ID IDConfig
+	// Pipeline is what runs for each delivery, in a fixed order: the
+	// failure policy, your middleware, the dedup guard, the handler (see
+	// [Pipeline]). Pipeline.Handler is required.
+	Pipeline Pipeline
 	// Prefetch is the channel QoS (unacked deliveries in flight). Default 200.
 	Prefetch int
 	// Workers is the number of handler goroutines. Default 4.
@@ -57,9 +61,6 @@ type ConsumerConfig struct {
 	AckFlushInterval time.Duration
 	// Setup declares topology after each (re)connect. Optional.
 	Setup SetupFunc
-	// Middleware wraps the handler; the first is the outermost. A panic
-	// recoverer is always installed outside them.
-	Middleware []Middleware
 	// Reconnect is the backoff between connection attempts.
 	// Default 100ms doubling to 10s, with jitter.
 	Reconnect backoff.Policy
@@ -107,12 +108,82 @@ type ConsumerConfig struct {
 	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
 }
 
+// withDefaults returns c with every unset field at its default.
+func (c ConsumerConfig) withDefaults() ConsumerConfig {
+	if c.URL == "" {
+		c.URL = URLFromEnv()
+	}
+	if c.Group == "" {
+		c.Group = c.Queue
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = 200
+	}
+	if c.Workers <= 0 {
+		c.Workers = 4
+	}
+	if c.AckBatch <= 0 {
+		c.AckBatch = 50
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.ConsumerTimeout == 0 {
+		c.ConsumerTimeout = DefaultConsumerTimeout
+	}
+	if c.ConsumerTimeout > 0 && c.ConsumerTimeoutMargin == 0 {
+		c.ConsumerTimeoutMargin = min(c.ConsumerTimeout/10, time.Minute)
+	}
+	if c.StuckHandlerAfter == 0 {
+		c.StuckHandlerAfter = time.Minute
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = 10 * time.Second
+	}
+	if c.ConsumerTag == "" {
+		c.ConsumerTag = "idemq-" + c.Group + "-" + NewMessageID()[24:]
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Dial == nil {
+		c.Dial = amqp.DialConfig
+	}
+	c.Breaker = c.Breaker.withDefaults()
+	if c.Pipeline.Policy == nil {
+		c.Pipeline.Policy = BasePolicy{RetryAfter: c.Breaker.RetryAfter}
+	}
+	return c
+}
+
+// Validate reports a configuration the consumer cannot run with: no Queue,
+// no handler, a negative HandlerTimeout, a ConsumerTimeoutMargin that is
+// not below half of ConsumerTimeout.
+func (c ConsumerConfig) Validate() error {
+	if c.Queue == "" {
+		return errors.New("idemq: ConsumerConfig.Queue is required")
+	}
+	if err := c.Pipeline.Validate(); err != nil {
+		return err
+	}
+	c = c.withDefaults()
+	if c.HandlerTimeout < 0 {
+		return fmt.Errorf("idemq: ConsumerConfig.HandlerTimeout %v is negative", c.HandlerTimeout)
+	}
+	if c.ConsumerTimeout > 0 && (c.ConsumerTimeoutMargin < 0 || c.ConsumerTimeoutMargin*2 >= c.ConsumerTimeout) {
+		return fmt.Errorf("idemq: ConsumerConfig.ConsumerTimeoutMargin %v must be positive and less than half of ConsumerTimeout %v",
+			c.ConsumerTimeoutMargin, c.ConsumerTimeout)
+	}
+	return nil
+}
+
 // Consumer consumes one queue with manual acks, coalesced into
 // multiple-acks, and reconnects by itself. Create it with [NewConsumer] and
 // call [Consumer.Run].
 type Consumer struct {
 	cfg      ConsumerConfig
-	handler  Handler
+	handler  Handler       // the pipeline's chain, inside the failure policy
+	policy   FailurePolicy // decides; the executor carries out (process.go)
 	counters *Counters
 	rec      Recorder
 	log      *slog.Logger
@@ -125,47 +196,13 @@ type Consumer struct {
 	readyOK bool
 }
 
-// NewConsumer validates cfg, fills defaults and returns a consumer that runs h.
-func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
-	if cfg.Queue == "" {
-		return nil, errors.New("idemq: ConsumerConfig.Queue is required")
-	}
-	if h == nil {
-		return nil, errors.New("idemq: nil handler")
-	}
-	if cfg.URL == "" {
-		cfg.URL = URLFromEnv()
-	}
-	if cfg.Group == "" {
-		cfg.Group = cfg.Queue
-	}
-	if cfg.Prefetch <= 0 {
-		cfg.Prefetch = 200
-	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = 4
-	}
-	if cfg.AckBatch <= 0 {
-		cfg.AckBatch = 50
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = 30 * time.Second
-	}
-	if err := timeoutDefaults(&cfg); err != nil {
+// NewConsumer validates cfg ([ConsumerConfig.Validate]), fills its
+// defaults and returns a consumer that runs cfg.Pipeline.
+func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = 10 * time.Second
-	}
-	if cfg.ConsumerTag == "" {
-		cfg.ConsumerTag = "idemq-" + cfg.Group + "-" + NewMessageID()[24:]
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Dial == nil {
-		cfg.Dial = amqp.DialConfig
-	}
+	cfg = cfg.withDefaults()
 	c := &Consumer{cfg: cfg, log: cfg.Logger.With("queue", cfg.Queue, "group", cfg.Group), ready: make(chan struct{})}
 	if cfg.Recorder == nil {
 		c.counters = &Counters{}
@@ -177,9 +214,8 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 		}
 	}
 	c.watch = newWatchdog(c)
-	// The handler's deadline is innermost: the middlewares keep a live
-	// context to release, roll back and republish after a timeout.
-	c.handler = Chain(c.deadline(h), append([]Middleware{Recover()}, cfg.Middleware...)...)
+	c.policy = cfg.Pipeline.Policy
+	c.handler = cfg.Pipeline.chain(c.deadline)
 	c.brk = newBreaker(cfg.Breaker, c.rec, c.log)
 	return c, nil
 }
@@ -227,266 +263,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		failures++
 		c.rec.Add(CountReconnects, 1)
-	}
-}
-
-type job struct {
-	d   amqp.Delivery
-	del *Delivery
-}
-
-// session runs one connection's lifetime. It reports whether the consume was
-// established (to reset the backoff) and why it ended.
-func (c *Consumer) session(ctx context.Context) (bool, error) {
-	conn, err := dialRedacted(c.cfg.Dial, c.cfg.URL, amqp.Config{
-		Heartbeat:  c.cfg.Heartbeat,
-		Locale:     "en_US",
-		Properties: amqp.Table{"connection_name": "idemq consumer " + c.cfg.ConsumerTag},
-	})
-	if err != nil {
-		return false, fmt.Errorf("dial: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return false, fmt.Errorf("open channel: %w", err)
-	}
-	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
-		return false, fmt.Errorf("qos: %w", err)
-	}
-	if c.cfg.Setup != nil {
-		if err := c.cfg.Setup(ctx, ch); err != nil {
-			return false, fmt.Errorf("setup topology: %w", err)
-		}
-	}
-	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	cancelled := ch.NotifyCancel(make(chan string, 1))
-	deliveries, err := ch.ConsumeWithContext(context.WithoutCancel(ctx), c.cfg.Queue, c.cfg.ConsumerTag, false, false, false, false, nil)
-	if err != nil {
-		return false, fmt.Errorf("consume %q: %w", c.cfg.Queue, err)
-	}
-	c.mu.Lock()
-	if !c.readyOK {
-		c.readyOK = true
-		close(c.ready)
-	}
-	c.mu.Unlock()
-	c.log.Debug("idemq: consuming", "tag", c.cfg.ConsumerTag)
-
-	ack := acker.New(ch, acker.Config{
-		MaxBatch:      c.cfg.AckBatch,
-		FlushInterval: c.cfg.AckFlushInterval,
-		OnError: func(err error) {
-			c.log.Warn("idemq: ack frame failed; the broker will redeliver", "err", err)
-		},
-	})
-
-	// Handlers run under hctx: not cancelled by the Run context (so they can
-	// finish on shutdown), cancelled when the channel dies (their ack is
-	// impossible, the broker redelivers) or after ShutdownTimeout.
-	hctx, hcancel := context.WithCancel(WithRecorder(context.WithoutCancel(ctx), c.rec))
-	defer hcancel()
-
-	rq := newRequeuer(ack, c.rec, c.log)
-	// Buffered to the prefetch window (the broker never has more unacked
-	// deliveries on the channel), so dispatch never blocks and a delivery's
-	// ReceivedAt is when it arrived, not when a worker was free: the
-	// ConsumerTimeout bound counts from there.
-	work := make(chan job, c.cfg.Prefetch)
-	var wg sync.WaitGroup
-	for i := 0; i < c.cfg.Workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range work {
-				c.process(hctx, ack, rq, j)
-			}
-		}()
-	}
-
-	var endErr error
-	graceful := false
-loop:
-	for {
-		in, wake := c.brk.gate(ctx, deliveries) // nil while a dependency is down
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			graceful = true
-			break loop
-		case e := <-connClosed:
-			endErr = fmt.Errorf("connection closed: %w", amqpErr(e))
-			break loop
-		case e := <-chClosed:
-			endErr = fmt.Errorf("channel closed: %w", amqpErr(e))
-			break loop
-		case tag := <-cancelled:
-			endErr = fmt.Errorf("consumer %s cancelled by the broker (queue deleted or failed over)", tag)
-			break loop
-		case d, ok := <-in:
-			if !ok {
-				endErr = errors.New("delivery stream closed")
-				break loop
-			}
-			c.brk.dispatched()
-			if !c.dispatch(ack, work, d) {
-				endErr = errors.New("acker closed")
-				break loop
-			}
-		}
-	}
-
-	if graceful {
-		// Stop taking deliveries; the ones the client already holds are
-		// finished like the others.
-		if err := ch.Cancel(c.cfg.ConsumerTag, false); err == nil {
-			timeout := time.NewTimer(c.cfg.ShutdownTimeout)
-		drain:
-			for {
-				select {
-				case d, ok := <-deliveries:
-					if !ok {
-						break drain
-					}
-					c.dispatch(ack, work, d)
-				case <-chClosed:
-					break drain
-				case <-timeout.C:
-					break drain
-				}
-			}
-			timeout.Stop()
-		}
-	} else {
-		// The channel is gone: its tags are dead, the broker redelivers.
-		hcancel()
-		ack.Abandon()
-	}
-	close(work)
-	waitTimeout(&wg, c.cfg.ShutdownTimeout, hcancel)
-	rq.flush()
-	if graceful {
-		ack.Close()
-		_ = ch.Close()
-	}
-	return true, endErr
-}
-
-func (c *Consumer) dispatch(ack *acker.Acker, work chan<- job, d amqp.Delivery) bool {
-	if err := ack.Register(d.DeliveryTag); err != nil {
-		return false
-	}
-	c.rec.Add(CountDelivered, 1)
-	if d.Redelivered {
-		c.rec.Add(CountRedelivered, 1)
-	}
-	del := newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())
-	c.cfg.ID.Apply(del)
-	work <- job{d: d, del: del}
-	return true
-}
-
-func (c *Consumer) process(ctx context.Context, ack *acker.Acker, rq *requeuer, j job) {
-	if c.expired(ctx, ack, j) {
-		return
-	}
-	defer c.watch.track(j.del)()
-	err := c.handler.Handle(ctx, j.del)
-	tag := j.d.DeliveryTag
-	c.brk.report(err)
-	if err == nil {
-		c.rec.Add(CountAcked, 1)
-		_ = ack.Ack(tag)
-		return
-	}
-	c.rec.Add(CountFailed, 1)
-	var pe *PanicError
-	if errors.As(err, &pe) {
-		c.rec.Add(CountPanics, 1)
-		c.log.Error("idemq: handler panicked", "message_id", j.del.LogID(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
-	}
-	if IsUnavailable(err) {
-		c.rec.Add(CountUnavailable, 1)
-	}
-	if c.brk.giveBack(rq, tag, err, ctx.Err() != nil) {
-		return
-	}
-	var re *RequeueError
-	if errors.As(err, &re) {
-		after := re.After
-		if ctx.Err() != nil {
-			after = 0 // shutting down: give it back at once
-		}
-		rq.later(tag, after)
-		c.log.Debug("idemq: delivery requeued for later", "message_id", j.del.LogID(), "after", after, "reason", re.Reason)
-		return
-	}
-	if ctx.Err() != nil {
-		// The handler was cut short by shutdown or a lost channel: it did
-		// not fail on its own, so give the delivery back rather than
-		// dead-letter it.
-		c.rec.Add(CountRequeued, 1)
-		_ = ack.Nack(tag, true)
-		return
-	}
-	if c.timedOutBelowBroker(ack, j, err) {
-		return
-	}
-	// No failure policy took the error: reject without requeue (it is
-	// dead-lettered if the queue has a dead-letter exchange). Never a
-	// requeue loop.
-	c.rec.Add(CountRejected, 1)
-	c.log.Warn("idemq: handler failed; delivery rejected without requeue",
-		"message_id", j.del.LogID(), "reason", ReasonOf(err), "err", err)
-	_ = ack.Nack(tag, false)
-}
-
-// requeuer nacks deliveries with requeue after a delay, without holding a
-// worker. On shutdown the pending ones are requeued at once.
-type requeuer struct {
-	ack *acker.Acker
-	rec Recorder
-	log *slog.Logger
-
-	mu     sync.Mutex
-	timers map[uint64]*time.Timer
-}
-
-func newRequeuer(ack *acker.Acker, rec Recorder, log *slog.Logger) *requeuer {
-	return &requeuer{ack: ack, rec: rec, log: log, timers: map[uint64]*time.Timer{}}
-}
-
-func (r *requeuer) later(tag uint64, after time.Duration) {
-	if after < 0 {
-		after = 0
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.timers[tag] = time.AfterFunc(after, func() {
-		r.mu.Lock()
-		_, mine := r.timers[tag]
-		delete(r.timers, tag)
-		r.mu.Unlock()
-		if mine {
-			r.rec.Add(CountRequeued, 1)
-			_ = r.ack.Nack(tag, true)
-		}
-	})
-}
-
-func (r *requeuer) flush() {
-	r.mu.Lock()
-	tags := make([]uint64, 0, len(r.timers))
-	for tag, t := range r.timers {
-		t.Stop()
-		tags = append(tags, tag)
-	}
-	r.timers = map[uint64]*time.Timer{}
-	r.mu.Unlock()
-	for _, tag := range tags {
-		r.rec.Add(CountRequeued, 1)
-		_ = r.ack.Nack(tag, true)
 	}
 }
 

@@ -34,10 +34,7 @@ func (c onDemand) Err() error            { c.check(); return c.Context.Err() }
 // deadline's derived context.)
 func TestHandlerDeadlineAsksTheParent(t *testing.T) {
 	for _, viaDone := range []bool{false, true} {
-		c := &Consumer{cfg: ConsumerConfig{HandlerTimeout: time.Hour}, log: slog.New(slog.DiscardHandler)}
-		if err := timeoutDefaults(&c.cfg); err != nil {
-			t.Fatal(err)
-		}
+		c := &Consumer{cfg: ConsumerConfig{HandlerTimeout: time.Hour}.withDefaults(), log: slog.New(slog.DiscardHandler)}
 		base, cancel := context.WithCancelCause(context.Background())
 		defer cancel(nil)
 		lost := &atomic.Bool{}

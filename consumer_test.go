@@ -68,7 +68,8 @@ func runConsumer(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) (*idem
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
-	c, err := idemq.NewConsumer(cfg, h)
+	cfg.Pipeline.Handler = h
+	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,10 +286,11 @@ func backoffFast() backoff.Policy {
 }
 
 func TestNewConsumerValidates(t *testing.T) {
-	if _, err := idemq.NewConsumer(idemq.ConsumerConfig{}, idemq.HandlerFunc(nil)); err == nil {
+	h := idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })
+	if _, err := idemq.NewConsumer(idemq.ConsumerConfig{Pipeline: idemq.Pipeline{Handler: h}}); err == nil {
 		t.Fatal("want error for a missing queue")
 	}
-	if _, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: "q"}, nil); err == nil {
-		t.Fatal("want error for a nil handler")
+	if _, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: "q"}); !errors.Is(err, idemq.ErrNoHandler) {
+		t.Fatalf("nil handler: err = %v, want ErrNoHandler", err)
 	}
 }

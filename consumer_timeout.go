@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemq/idemq/internal/acker"
 )
 
 // Handler time limits, and the broker's consumer_timeout.
@@ -77,29 +76,6 @@ type timeouts struct {
 	broker  time.Duration // the broker's consumer_timeout; 0: none
 	margin  time.Duration // handlers end this long before broker does
 	stuck   time.Duration // warn after; 0: never
-}
-
-// timeoutDefaults validates and fills the time-limit fields of cfg.
-func timeoutDefaults(cfg *ConsumerConfig) error {
-	if cfg.HandlerTimeout < 0 {
-		return fmt.Errorf("idemq: ConsumerConfig.HandlerTimeout %v is negative", cfg.HandlerTimeout)
-	}
-	if cfg.ConsumerTimeout == 0 {
-		cfg.ConsumerTimeout = DefaultConsumerTimeout
-	}
-	if cfg.ConsumerTimeout > 0 {
-		if cfg.ConsumerTimeoutMargin == 0 {
-			cfg.ConsumerTimeoutMargin = min(cfg.ConsumerTimeout/10, time.Minute)
-		}
-		if cfg.ConsumerTimeoutMargin < 0 || cfg.ConsumerTimeoutMargin*2 >= cfg.ConsumerTimeout {
-			return fmt.Errorf("idemq: ConsumerConfig.ConsumerTimeoutMargin %v must be positive and less than half of ConsumerTimeout %v",
-				cfg.ConsumerTimeoutMargin, cfg.ConsumerTimeout)
-		}
-	}
-	if cfg.StuckHandlerAfter == 0 {
-		cfg.StuckHandlerAfter = time.Minute
-	}
-	return nil
 }
 
 func (cfg *ConsumerConfig) timeouts() timeouts {
@@ -175,13 +151,11 @@ func (c *Consumer) deadline(h Handler) Handler {
 // waited in the client until less than one margin is left before the
 // ConsumerTimeout bound (a prefetch much larger than the workers can
 // handle in time). It reports whether the delivery was given back.
-func (c *Consumer) expired(ctx context.Context, ack *acker.Acker, j job) bool {
+func (c *Consumer) expired(ctx context.Context, x *executor, j job) bool {
 	if ctx.Err() != nil {
 		// Shutdown past ShutdownTimeout, or the channel is gone: give it
 		// back (a no-op on a dead channel: the broker redelivers).
-		if ack.Nack(j.d.DeliveryTag, true) == nil {
-			c.rec.Add(CountRequeued, 1)
-		}
+		x.rq.Later(j.d.DeliveryTag, 0)
 		return true
 	}
 	t := c.cfg.timeouts()
@@ -193,9 +167,7 @@ func (c *Consumer) expired(ctx context.Context, ack *acker.Acker, j job) bool {
 	c.log.Warn("idemq: delivery waited in the consumer too close to the broker's consumer_timeout; given back without running (lower Prefetch or raise Workers)",
 		"message_id", j.del.MessageID, "delivery_tag", j.d.DeliveryTag,
 		"waited", time.Since(j.del.ReceivedAt).Round(time.Millisecond), "consumer_timeout", t.broker)
-	if ack.Nack(j.d.DeliveryTag, true) == nil {
-		c.rec.Add(CountRequeued, 1)
-	}
+	x.rq.Later(j.d.DeliveryTag, 0)
 	return true
 }
 
@@ -317,25 +289,6 @@ func (w *watchdog) check(now time.Time) {
 			"message_id", wn.d.MessageID, "delivery_tag", wn.d.DeliveryTag, "age", wn.age.Round(time.Millisecond),
 			"redelivered", wn.d.Redelivered)
 	}
-}
-
-// timedOutBelowBroker gives back (nack with requeue) a delivery whose
-// handler was cut at the ConsumerTimeout bound when no failure policy took
-// the error: that is what the broker would have done a moment later, but
-// without closing the channel under the other deliveries and without a
-// second copy running while the first still does. A HandlerTimeout cut
-// is a plain failure (rejected, like any other, without a policy).
-func (c *Consumer) timedOutBelowBroker(ack *acker.Acker, j job, err error) bool {
-	var te *HandlerTimeoutError
-	if !errors.As(err, &te) || !te.ConsumerTimeout {
-		return false
-	}
-	c.log.Warn("idemq: handler cut below the broker's consumer_timeout and no failure policy took it; delivery given back",
-		"message_id", j.del.MessageID, "delivery_tag", j.d.DeliveryTag, "limit", te.Limit)
-	if ack.Nack(j.d.DeliveryTag, true) == nil {
-		c.rec.Add(CountRequeued, 1)
-	}
-	return true
 }
 
 // askParent is a context derived from parent that asks parent first

@@ -46,8 +46,11 @@ func TestFaultConsumerTimeout(t *testing.T) {
 	t.Run("dedup", func(t *testing.T) {
 		rdb, prefix := testenv.Redis(t)
 		effect := prefix + ":effect"
-		guard := dedup.Guard(redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"}), dedup.Config{Logger: quietLogger()})
-		consumerTimeoutScenario(t, url, []idemq.Middleware{guard},
+		guard, err := dedup.NewGuard(dedup.Config{Store: redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"}), Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumerTimeoutScenario(t, url, guard.Middleware(),
 			func(ctx context.Context, d *idemq.Delivery) error { return rdb.Incr(ctx, effect).Err() },
 			func() int64 { n, _ := rdb.Get(context.Background(), effect).Int64(); return n })
 	})
@@ -75,7 +78,7 @@ func TestFaultConsumerTimeout(t *testing.T) {
 				return next.Handle(ctx, d)
 			})
 		}
-		consumerTimeoutScenario(t, url, []idemq.Middleware{wrap},
+		consumerTimeoutScenario(t, url, wrap,
 			func(ctx context.Context, d *idemq.Delivery) error { return nil },
 			func() int64 {
 				var n int64
@@ -86,10 +89,10 @@ func TestFaultConsumerTimeout(t *testing.T) {
 }
 
 // consumerTimeoutScenario runs one message through a consumer with the
-// failure policy outside mws: the first run of the handler is slow (3x the
+// failure policy outside layer (the guard, or the inbox): the first run of the handler is slow (3x the
 // broker's timeout) and honours its context; apply is the real effect and
 // applied counts it.
-func consumerTimeoutScenario(t *testing.T, url string, mws []idemq.Middleware,
+func consumerTimeoutScenario(t *testing.T, url string, layer idemq.Middleware,
 	apply func(ctx context.Context, d *idemq.Delivery) error, applied func() int64) {
 	q := topology.Queue{Name: testenv.Name(t, "q"), RetryDelays: []time.Duration{200 * time.Millisecond}}
 	setup := func(ctx context.Context, ch *amqp.Channel) error { return topology.DeclareQueue(ctx, ch, q) }
@@ -101,14 +104,17 @@ func consumerTimeoutScenario(t *testing.T, url string, mws []idemq.Middleware,
 	var firstDeadline atomic.Int64 // ns from receipt to the first run's deadline
 	var firstReceipt atomic.Int64  // unix ns
 	var cause atomic.Value
-	policy := retry.Policy(retry.ForTopology(q, retry.Config{Publisher: pub, QuickAttempts: 1, Logger: quietLogger()}))
+	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub, QuickAttempts: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, _ := runConsumer(t, idemq.ConsumerConfig{
 		URL: url, Queue: q.Name, Setup: setup, Workers: 2, Prefetch: 10, Reconnect: backoffFast(),
 		// The broker's value; the margin leaves time to settle the delivery
 		// on a busy machine (the default would be 500ms).
 		ConsumerTimeout: brokerConsumerTimeout, ConsumerTimeoutMargin: 1500 * time.Millisecond,
-		Logger:     logs.logger(),
-		Middleware: append([]idemq.Middleware{policy}, mws...),
+		Logger:   logs.logger(),
+		Pipeline: idemq.Pipeline{Policy: policy, Middleware: []idemq.Middleware{layer}},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		if runs.Add(1) == 1 {
 			firstReceipt.Store(d.ReceivedAt.UnixNano())

@@ -219,7 +219,8 @@ func TestTimeoutConfigValidation(t *testing.T) {
 		{"no broker timeout", idemq.ConsumerConfig{Queue: "q", ConsumerTimeout: -1, HandlerTimeout: time.Minute}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := idemq.NewConsumer(tc.cfg, h)
+			tc.cfg.Pipeline.Handler = h
+			_, err := idemq.NewConsumer(tc.cfg)
 			if (err == nil) != tc.ok {
 				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
 			}

@@ -7,13 +7,18 @@ import (
 	"sync/atomic"
 )
 
-// Counter names recorded by the consumer and the layers of defence.
+// Counter names recorded by the consumer and the layers of defence. The
+// outcome counters (acked, processed, duplicates, retried, dead_lettered,
+// rejected, requeued, dependency_unavailable) are counted by the consumer
+// from the [Decision] it carried out, once per delivery, whatever layers
+// the pipeline has; the layers count only their own events (leases lost,
+// store errors, in-flight deferrals, …).
 const (
 	CountDelivered      = "delivered"         // deliveries received from the broker
 	CountRedelivered    = "redelivered"       // of which flagged redelivered by the broker
-	CountAcked          = "acked"             // handler chain returned nil
+	CountAcked          = "acked"             // acked (processed, duplicate, or republished: retried, dead-lettered)
 	CountProcessed      = "processed"         // the handler itself ran and succeeded
-	CountFailed         = "failed"            // the handler chain returned an error
+	CountFailed         = "failed"            // runs of the handler chain that returned an error (not a duplicate)
 	CountRejected       = "rejected"          // nacked without requeue (no failure policy, or one that cannot republish)
 	CountRequeued       = "requeued"          // nacked with requeue after a delay
 	CountPanics         = "panics"            // handler panics recovered
@@ -36,7 +41,8 @@ const (
 )
 
 // Recorder receives counter increments. It must be safe for concurrent use.
-// The metrics package adapts it to Prometheus; [Counters] keeps them in memory.
+// [Counters] keeps them in memory; adapt it to your metrics system (one
+// Prometheus counter per name, say) by implementing Add.
 type Recorder interface {
 	Add(name string, delta int64)
 }
@@ -101,23 +107,3 @@ func RecorderFrom(ctx context.Context) Recorder {
 type nopRecorder struct{}
 
 func (nopRecorder) Add(string, int64) {}
-
-type outcomeKey struct{}
-
-// TrackOutcome returns a context in which an inner layer of defence can
-// report, with [MarkOutcomeCounted], that it counted the delivery's outcome
-// (processed or duplicate) itself; counted tells the outer layer so, and
-// the outer layer then does not count it again. dedup.Guard tracks, the
-// inbox marks: a guard in front of an inbox counts each message once.
-func TrackOutcome(ctx context.Context) (_ context.Context, counted func() bool) {
-	f := new(atomic.Bool)
-	return context.WithValue(ctx, outcomeKey{}, f), f.Load
-}
-
-// MarkOutcomeCounted tells the outer layers tracking ctx (see
-// [TrackOutcome]) that the outcome was counted. A no-op without one.
-func MarkOutcomeCounted(ctx context.Context) {
-	if f, ok := ctx.Value(outcomeKey{}).(*atomic.Bool); ok {
-		f.Store(true)
-	}
-}

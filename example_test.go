@@ -15,10 +15,13 @@ func ExampleConsumer() {
 		Queue:    "orders",
 		Prefetch: 200, // default
 		Workers:  4,   // default
-	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		id, _ := d.ID()               // the message ID, decided once by the consumer (ConsumerConfig.ID)
-		return apply(ctx, id, d.Body) // nil acks; an error goes to the failure policy
-	}))
+		Pipeline: idemq.Pipeline{
+			Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+				id, _ := d.ID()               // the message ID, decided once by the consumer (ConsumerConfig.ID)
+				return apply(ctx, id, d.Body) // nil acks; an error goes to the failure policy
+			}),
+		},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -18,7 +18,10 @@ type HandlerFunc func(ctx context.Context, d *Delivery) error
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, d *Delivery) error { return f(ctx, d) }
 
-// Middleware wraps a handler: dedup guard, inbox, retry policy, metrics.
+// Middleware wraps a handler: metrics, tracing, logging — your layers. The
+// layers of defence have fixed places of their own in a [Pipeline] (the
+// failure policy outside everything, the dedup guard inside the middleware,
+// the inbox as the handler).
 type Middleware func(Handler) Handler
 
 // Chain wraps h in mws; the first middleware is the outermost, so
@@ -31,7 +34,8 @@ func Chain(h Handler, mws ...Middleware) Handler {
 }
 
 // Recover turns a panic in the wrapped handler into a [*PanicError].
-// The consumer always installs it outermost.
+// The consumer installs it innermost, around [Pipeline].Handler, so every
+// layer above sees a panic as an error.
 func Recover() Middleware {
 	return func(next Handler) Handler {
 		return HandlerFunc(func(ctx context.Context, d *Delivery) (err error) {

@@ -128,9 +128,9 @@ func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...
 	})
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: r.Queue, Prefetch: o.Prefetch, Workers: o.Workers, Recorder: &rec,
-		Middleware: append([]idemq.Middleware{outer}, mws...),
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}, timed(h))
+		Pipeline: idemq.Pipeline{Middleware: append([]idemq.Middleware{outer}, mws...), Handler: timed(h)},
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -97,12 +97,16 @@ func guardConsumeBatch(b *testing.B, r *run, o consumerOpts, store dedup.Store, 
 		o.Workers = DedupWorkers
 	}
 	prefix := fmt.Sprintf("idemq-bench-%d", time.Now().UnixNano())
-	rec := idemqConsume(b, r, o, noop(), dedup.Guard(store, dedup.Config{
-		Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch,
+	guard, err := dedup.NewGuard(dedup.Config{
+		Store: store, Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch,
 		// A duplicate that overtakes its original (only in tiny smoke runs,
 		// where the gap is one message) comes back soon, not after the lease.
 		InFlightRetryAfter: 5 * time.Millisecond,
-	}))
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec := idemqConsume(b, r, o, noop(), guard.Middleware())
 	checkOnce(b, r, rec)
 	return rec
 }

@@ -23,22 +23,28 @@ func ExampleGuard() {
 	defer rdb.Close()
 	store := redisstore.New(rdb, redisstore.Config{}) // or dedup.NewMemory(dedup.MemoryConfig{}) in one process
 
+	guard, err := dedup.NewGuard(dedup.Config{
+		Store:  store,
+		Lease:  30 * time.Second, // renewed by a heartbeat while the handler runs
+		Window: 24 * time.Hour,   // how long a done order is remembered
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: "orders",
 		Group: "billing", // keys: idemq:billing:<order ID>
 		// The business key from the body; the AMQP message_id if absent.
 		// Decided once per delivery: every layer keys on it.
 		ID: idemq.IDConfig{Extractor: idemq.FromJSONField("order.id")},
-		Middleware: []idemq.Middleware{
-			dedup.Guard(store, dedup.Config{
-				Lease:  30 * time.Second, // renewed by a heartbeat while the handler runs
-				Window: 24 * time.Hour,   // how long a done order is remembered
+		Pipeline: idemq.Pipeline{
+			Guard: guard, // inside the failure policy, outside the handler
+			Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+				orderID, _ := d.ID() // the ID every layer deduplicated on
+				return apply(ctx, orderID, d.Body)
 			}),
 		},
-	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		orderID, _ := d.ID() // the ID every layer deduplicated on
-		return apply(ctx, orderID, d.Body)
-	}))
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

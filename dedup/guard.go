@@ -26,12 +26,16 @@ const (
 // consumer holds a live lease on the message.
 var ErrInFlight = errors.New("dedup: another consumer holds the lease")
 
-// ErrInvalidConfig is wrapped by the error [NewGuard] returns for a
-// configuration it cannot run with.
+// ErrInvalidConfig is wrapped by the error [Config.Validate] (and
+// [NewGuard]) returns for a configuration the guard cannot run with.
 var ErrInvalidConfig = errors.New("dedup: invalid guard config")
 
-// Config configures [Guard]. The zero value is usable.
+// Config configures a [Guard]. Store is required; every other field has a
+// documented default.
 type Config struct {
+	// Store holds the dedup records (memory, Redis, SQL, the Bloom tier).
+	// Required.
+	Store Store
 	// Prefix namespaces the keys: "<Prefix>:<group>:<id>". Default "idemq".
 	Prefix string
 	// Lease is how long a claim holds the message while the handler runs;
@@ -43,7 +47,7 @@ type Config struct {
 	Window time.Duration
 	// Heartbeat is the interval of lease renewals while the handler runs.
 	// Default Lease/3. It must be shorter than Lease minus LeaseMargin
-	// (NewGuard fails otherwise).
+	// (Validate fails otherwise).
 	Heartbeat time.Duration
 	// LeaseMargin is how much sooner than Lease after its last successful
 	// renewal the guard gives the lease up: the handler's context is
@@ -80,6 +84,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// withDefaults returns c with every unset field at its default.
 func (c Config) withDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = "idemq"
@@ -111,9 +116,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate reports a configuration the guard cannot run with. Call it on
-// a config with defaults applied.
-func (c Config) validate() error {
+// Validate reports a configuration the guard cannot run with, wrapping
+// [ErrInvalidConfig]: a nil Store, a Heartbeat not shorter than Lease, a
+// LeaseMargin that leaves no time for a renewal.
+func (c Config) Validate() error {
+	if c.Store == nil {
+		return fmt.Errorf("%w: nil Store", ErrInvalidConfig)
+	}
+	c = c.withDefaults()
 	switch {
 	case c.Heartbeat >= c.Lease:
 		return fmt.Errorf("%w: Heartbeat %v must be shorter than Lease %v (the lease would expire between renewals)", ErrInvalidConfig, c.Heartbeat, c.Lease)
@@ -128,15 +138,16 @@ func (c Config) validate() error {
 // store wraps it in a Cluster hash tag itself (see dedup/redisstore).
 func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + id }
 
-// Guard returns the dedup middleware: per delivery it claims the message ID
-// in store with a fresh owner token and
+// Guard is the dedup layer of an idemq.Pipeline: per delivery it claims the
+// message ID (idemq.Delivery.ID, decided by the consumer) in the store with
+// a fresh owner token and
 //
 //   - Acquired: runs the next handler, renewing the lease every Heartbeat;
 //     on success it marks the record done (Complete) and returns nil (ack);
 //     on failure it releases the record (so a redelivery is processed) and
 //     returns the handler's error unchanged for the failure policy;
-//   - Done: returns nil without running the handler (a suppressed
-//     duplicate, counted);
+//   - Done: returns idemq.ErrDuplicate without running the handler (the
+//     consumer acks it and counts a duplicate);
 //   - InFlight: returns an in-place idemq.RequeueError (InPlace set: the
 //     consumer nacks it with requeue after the other owner's lease, it is
 //     not parked in a TTL retry queue) — it is never acked as a duplicate;
@@ -151,7 +162,9 @@ func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + 
 //
 // A delivery without a valid ID gets an idemq.RejectError (missing-id or
 // invalid-id). The consumer group is the delivery's Group (its Queue when
-// empty). Counters go to idemq.RecorderFrom(ctx).
+// empty). The consumer counts processed and duplicate deliveries from
+// what the guard returns; the guard counts its own events (in-flight
+// deferrals, lost leases, store errors) into idemq.RecorderFrom(ctx).
 //
 // A lost lease — a renewal finds the record gone or another owner's, or no
 // renewal has succeeded for Lease minus LeaseMargin (the store unreachable,
@@ -166,49 +179,12 @@ func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + 
 // (Complete has recorded done if nobody holds the record). Each lost lease
 // is logged and counted as idemq.CountLeasesLost.
 //
-// Store calls stay outside any database transaction: put the guard outside
-// the inbox/transaction middleware, so the order is claim → begin → effect
-// → commit → complete → ack. Complete and Release run on a context that is
-// not cancelled with the handler's, bounded by StoreTimeout.
-//
-// Guard panics where [NewGuard] returns an error (a nil store, Heartbeat
-// not shorter than Lease): use NewGuard for a config read at run time.
-func Guard(store Store, cfg Config) idemq.Middleware {
-	mw, err := NewGuard(store, cfg)
-	if err != nil {
-		panic("dedup.Guard: " + err.Error())
-	}
-	return mw
-}
-
-// NewGuard is [Guard] returning an error, wrapping [ErrInvalidConfig], for
-// a configuration it cannot run with: a nil store, a Heartbeat not shorter
-// than Lease, a LeaseMargin that leaves no time for a renewal.
-func NewGuard(store Store, cfg Config) (idemq.Middleware, error) {
-	if store == nil {
-		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
-	}
-	g := &guard{store: store, cfg: cfg.withDefaults()}
-	if err := g.cfg.validate(); err != nil {
-		return nil, err
-	}
-	if bs, ok := store.(BatchStore); ok && g.cfg.MaxBatch > 1 {
-		bc := coalesce.Config{MaxBatch: g.cfg.MaxBatch, Timeout: g.cfg.StoreTimeout}
-		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
-			return ClaimReply{Err: &StoreError{Op: "claim", Err: err}}
-		}, bc)
-		g.completes = coalesce.New(bs.CompleteBatch, func(err error) error {
-			return &StoreError{Op: "complete", Err: err}
-		}, bc)
-	}
-	return func(next idemq.Handler) idemq.Handler {
-		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-			return g.handle(ctx, d, next)
-		})
-	}, nil
-}
-
-type guard struct {
+// Store calls stay outside any database transaction: the Pipeline puts the
+// guard outside the handler (an inbox, a transaction), so the order is
+// claim → begin → effect → commit → complete → ack. Complete and Release
+// run on a context that is not cancelled with the handler's, bounded by
+// StoreTimeout.
+type Guard struct {
 	store Store
 	cfg   Config
 	// claims and completes group concurrent calls when the store is a
@@ -217,10 +193,47 @@ type guard struct {
 	completes *coalesce.Batcher[CompleteRequest, error]
 }
 
+var _ idemq.Layer = (*Guard)(nil)
+
+// NewGuard validates cfg ([Config.Validate]), fills its defaults and
+// returns the guard.
+func NewGuard(cfg Config) (*Guard, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	g := &Guard{store: cfg.Store, cfg: cfg}
+	if bs, ok := cfg.Store.(BatchStore); ok && cfg.MaxBatch > 1 {
+		bc := coalesce.Config{MaxBatch: cfg.MaxBatch, Timeout: cfg.StoreTimeout}
+		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
+			return ClaimReply{Err: &StoreError{Op: "claim", Err: err}}
+		}, bc)
+		g.completes = coalesce.New(bs.CompleteBatch, func(err error) error {
+			return &StoreError{Op: "complete", Err: err}
+		}, bc)
+	}
+	return g, nil
+}
+
+// Config returns the effective configuration (defaults filled).
+func (g *Guard) Config() Config { return g.cfg }
+
+// Wrap returns next guarded (the [idemq.Layer] the Pipeline calls).
+func (g *Guard) Wrap(next idemq.Handler) idemq.Handler {
+	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		return g.handle(ctx, d, next)
+	})
+}
+
+// Middleware returns the guard as a middleware, for idemq.Chain outside a
+// consumer (tests, a handler run by hand). In a consumer, put the guard in
+// Pipeline.Guard: its place is then fixed.
+func (g *Guard) Middleware() idemq.Middleware { return g.Wrap }
+
 // claim asks the store for a lease, in a group of concurrent claims when it
 // can. StoreTimeout bounds the call (grouped: the wait for a batch; the
 // batch has its own).
-func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
+func (g *Guard) claim(ctx context.Context, key, token string) (Claim, error) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
 	defer cancel()
 	if g.claims == nil {
@@ -235,7 +248,7 @@ func (g *guard) claim(ctx context.Context, key, token string) (Claim, error) {
 
 // completeOnce marks the record done, in a group of concurrent completes
 // when it can. It runs even when the handler's context has ended.
-func (g *guard) completeOnce(ctx context.Context, key, token string) error {
+func (g *Guard) completeOnce(ctx context.Context, key, token string) error {
 	sctx, cancel := g.storeCtx(ctx)
 	defer cancel()
 	if g.completes == nil {
@@ -244,7 +257,7 @@ func (g *guard) completeOnce(ctx context.Context, key, token string) error {
 	return g.completes.Do(sctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
 }
 
-func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handler) error {
+func (g *Guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handler) error {
 	rec := idemq.RecorderFrom(ctx)
 	id, err := d.ID()
 	if err != nil {
@@ -280,21 +293,13 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		}
 		log.Warn("idemq: dedup store unavailable; running the handler unguarded (fail-open)", "err", err)
 		rec.Add(idemq.CountFailOpen, 1)
-		ctx, counted := idemq.TrackOutcome(ctx)
-		if err := next.Handle(ctx, d); err != nil {
-			return err
-		}
-		if !counted() {
-			rec.Add(idemq.CountProcessed, 1)
-		}
-		return nil
+		return next.Handle(ctx, d)
 	}
 
 	switch claim.Result {
 	case Done:
-		rec.Add(idemq.CountDuplicates, 1)
 		log.Debug("idemq: duplicate suppressed")
-		return nil
+		return idemq.ErrDuplicate
 	case InFlight:
 		rec.Add(idemq.CountInFlight, 1)
 		after := g.cfg.InFlightRetryAfter
@@ -313,9 +318,8 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		return idemq.Requeue(g.cfg.StoreRetryAfter, RequeueStoreUnavailable, err)
 	}
 
-	ctx, counted := idemq.TrackOutcome(ctx)
 	lost, err := g.run(ctx, d, next, key, token, sent, log)
-	if err != nil {
+	if err != nil && !idemq.IsDuplicate(err) {
 		if lost != nil {
 			// Cut short (or failed) after the lease was lost: not the
 			// message's fault, not processed. Give it back; its next
@@ -326,9 +330,9 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		}
 		return err
 	}
-	if !counted() { // an inbox below counts its own processed/duplicate
-		rec.Add(idemq.CountProcessed, 1)
-	}
+	// Done: processed, or a duplicate an inbox below recognised (its row
+	// is committed); either way the record becomes done.
+	outcome := err
 	err = g.complete(ctx, rec, key, token, log)
 	if errors.Is(err, ErrLeaseLost) {
 		// The handler applied its effect without the lease: another
@@ -342,12 +346,12 @@ func (g *guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	if lost != nil {
 		log.Warn("idemq: dedup lease was given up while the handler ran, but the store still held it: completed", "lease", lost)
 	}
-	return nil
+	return outcome
 }
 
 // leaseLostRetryAfter is how long a delivery whose lease was lost waits
 // before it comes back.
-func (g *guard) leaseLostRetryAfter() time.Duration {
+func (g *Guard) leaseLostRetryAfter() time.Duration {
 	if g.cfg.InFlightRetryAfter > 0 {
 		return g.cfg.InFlightRetryAfter
 	}
@@ -357,7 +361,7 @@ func (g *guard) leaseLostRetryAfter() time.Duration {
 // run runs the handler under its lease (heartbeat, deadline, cancelled
 // context) and releases the record when the handler fails or panics. lost
 // says why the lease was lost while the handler ran, or is nil.
-func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, sent time.Time, log keyLog) (lost, err error) {
+func (g *Guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, key, token string, sent time.Time, log keyLog) (lost, err error) {
 	lease, hctx := g.newLease(ctx, key, token, sent)
 	lease.start(hctx)
 	ok := false
@@ -369,13 +373,13 @@ func (g *guard) run(ctx context.Context, d *idemq.Delivery, next idemq.Handler, 
 		}
 	}()
 	err = next.Handle(hctx, d)
-	ok = err == nil
+	ok = err == nil || idemq.IsDuplicate(err)
 	return nil, err
 }
 
 // storeCtx is a context for a store call that must happen even when the
 // handler's context has ended (Complete, Release, Extend).
-func (g *guard) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+func (g *Guard) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), g.cfg.StoreTimeout)
 }
 
@@ -384,7 +388,7 @@ func (g *guard) storeCtx(ctx context.Context) (context.Context, context.CancelFu
 // ErrLeaseLost when the lease was lost, and nil after logging when the
 // store kept failing: the effect is applied, so acking is right then —
 // requeueing would run it again, as nothing records it.
-func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log keyLog) error {
+func (g *Guard) complete(ctx context.Context, rec idemq.Recorder, key, token string, log keyLog) error {
 	var err error
 	for attempt, pause := 0, 50*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*4 {
 		if attempt > 0 {
@@ -402,7 +406,7 @@ func (g *guard) complete(ctx context.Context, rec idemq.Recorder, key, token str
 
 // release deletes the record if it is still ours. lost says the lease was
 // known lost (a refusal is then expected).
-func (g *guard) release(ctx context.Context, key, token string, lost bool, log keyLog) {
+func (g *Guard) release(ctx context.Context, key, token string, lost bool, log keyLog) {
 	sctx, cancel := g.storeCtx(ctx)
 	err := g.store.Release(sctx, key, token)
 	cancel()

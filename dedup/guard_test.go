@@ -16,6 +16,32 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// guardMW builds a guard over store and returns it as a middleware that
+// does with its outcome what the consumer does: counts a processed or a
+// duplicate delivery into the context's recorder, and acks (nil) a
+// duplicate.
+func guardMW(store dedup.Store, cfg dedup.Config) idemq.Middleware {
+	cfg.Store = store
+	g, err := dedup.NewGuard(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return func(next idemq.Handler) idemq.Handler {
+		inner := g.Wrap(next)
+		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+			err := inner.Handle(ctx, d)
+			switch {
+			case err == nil:
+				idemq.RecorderFrom(ctx).Add(idemq.CountProcessed, 1)
+			case idemq.IsDuplicate(err):
+				idemq.RecorderFrom(ctx).Add(idemq.CountDuplicates, 1)
+				return nil
+			}
+			return err
+		})
+	}
+}
+
 // harness runs one guarded handler against a memory store, with counters.
 type harness struct {
 	store    *dedup.Memory
@@ -40,7 +66,7 @@ func (h *harness) handler(cfg dedup.Config, fn func(ctx context.Context, d *idem
 			return nil
 		}
 		return fn(ctx, d)
-	}), idemq.Recover(), dedup.Guard(h.store, cfg))
+	}), idemq.Recover(), guardMW(h.store, cfg))
 }
 
 func delivery(id string) *idemq.Delivery {
@@ -315,7 +341,7 @@ func TestGuardUncertainIsSetAsideNeverRunNorAcked(t *testing.T) {
 			ctx := idemq.WithRecorder(context.Background(), counters)
 			runs := 0
 			h := idemq.Chain(idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { runs++; return nil }),
-				dedup.Guard(uncertainStore{dedup.NewMemory(dedup.MemoryConfig{})}, dedup.Config{FailOpen: failOpen, Logger: quiet()}))
+				guardMW(uncertainStore{dedup.NewMemory(dedup.MemoryConfig{})}, dedup.Config{FailOpen: failOpen, Logger: quiet()}))
 			err := h.Handle(ctx, delivery("m1"))
 			var rj *idemq.RejectError
 			if !errors.As(err, &rj) || rj.Reason != idemq.ReasonSuspectedDuplicate || !errors.Is(err, dedup.ErrUncertain) {
@@ -385,7 +411,7 @@ func TestGuardGroupsConcurrentCallsOfABatchStore(t *testing.T) {
 					t.Errorf("handler ran twice for %s", d.MessageID)
 				}
 				return nil
-			}), dedup.Guard(st, dedup.Config{Logger: quiet(), MaxBatch: tc.maxBatch}))
+			}), guardMW(st, dedup.Config{Logger: quiet(), MaxBatch: tc.maxBatch}))
 			const workers, ids = 32, 400
 			var wg sync.WaitGroup
 			for w := 0; w < workers; w++ {

@@ -40,7 +40,7 @@ var ErrLeaseEnded = errors.New("dedup: the lease ended with the handler")
 // between Check and COMMIT.
 type Lease struct {
 	key, token string
-	g          *guard
+	g          *Guard
 	cancel     context.CancelCauseFunc
 	valid      time.Duration // Lease - LeaseMargin: how long a renewal is trusted
 	base       time.Time     // monotonic origin of renewed
@@ -286,7 +286,7 @@ func (c *leaseContext) Value(key any) any {
 
 // newLease returns the lease of a claim sent at sent, and the handler's
 // context, cancelled when the lease is lost.
-func (g *guard) newLease(ctx context.Context, key, token string, sent time.Time) (*Lease, context.Context) {
+func (g *Guard) newLease(ctx context.Context, key, token string, sent time.Time) (*Lease, context.Context) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	l := &Lease{key: key, token: token, g: g, cancel: cancel, valid: g.cfg.Lease - g.cfg.LeaseMargin, base: sent}
 	return l, &leaseContext{Context: cctx, l: l}

@@ -23,7 +23,11 @@ import (
 func ExampleLeaseFrom() {
 	store := dedup.NewMemory(dedup.MemoryConfig{})
 	takeover := false // simulate another consumer taking the message over
-	handler := idemq.Chain(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+	guard, err := dedup.NewGuard(dedup.Config{Store: store})
+	if err != nil {
+		panic(err)
+	}
+	handler := guard.Wrap(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		lease, _ := dedup.LeaseFrom(ctx)
 		// The transaction runs on a context the lease loss cannot cancel:
 		// a COMMIT in flight when the lease is lost must report what the
@@ -45,14 +49,14 @@ func ExampleLeaseFrom() {
 		// return tx.Commit()
 		fmt.Println("committed under", lease.Key())
 		return nil
-	}), dedup.Guard(store, dedup.Config{}))
+	}))
 
 	d := &idemq.Delivery{MessageID: "order-42", Queue: "orders", Group: "billing"}
 	fmt.Println(handler.Handle(context.Background(), d))
 
 	takeover = true
 	d = &idemq.Delivery{MessageID: "order-43", Queue: "orders", Group: "billing"}
-	err := handler.Handle(context.Background(), d)
+	err = handler.Handle(context.Background(), d)
 	var rq *idemq.RequeueError
 	fmt.Println(errors.As(err, &rq) && rq.Reason == dedup.RequeueLeaseLost)
 	// Output:

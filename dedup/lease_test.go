@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -59,7 +58,7 @@ func TestGuardCancelsTheHandlerWhenTheLeaseIsLost(t *testing.T) {
 				}
 				cause, after = context.Cause(ctx), time.Since(start)
 				return ctx.Err()
-			}), dedup.Guard(tc.store(mem), dedup.Config{Lease: lease, Logger: quiet()}))
+			}), guardMW(tc.store(mem), dedup.Config{Lease: lease, Logger: quiet()}))
 			err := h.Handle(ctx, delivery("m1"))
 			if !errors.Is(cause, idemq.ErrLeaseLost) {
 				t.Fatalf("handler context cause = %v, want idemq.ErrLeaseLost", cause)
@@ -108,7 +107,7 @@ func TestGuardDeadlineWithTheStoreStillHolding(t *testing.T) {
 					return ctx.Err()
 				}
 				return nil
-			}), dedup.Guard(extendFails{mem}, dedup.Config{Lease: 300 * time.Millisecond, Logger: quiet()}))
+			}), guardMW(extendFails{mem}, dedup.Config{Lease: 300 * time.Millisecond, Logger: quiet()}))
 			err := h.Handle(ctx, delivery("m1"))
 			rec, ok, _ := mem.Get(context.Background(), dedup.Key("idemq", "g", "m1"))
 			if fail {
@@ -218,23 +217,21 @@ func TestNewGuardRejectsConfigsItCannotRun(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			mw, err := dedup.NewGuard(tc.store, tc.cfg)
+			tc.cfg.Store = tc.store
+			g, err := dedup.NewGuard(tc.cfg)
 			if tc.ok {
-				if err != nil || mw == nil {
+				if err != nil || g == nil {
 					t.Fatalf("NewGuard: %v", err)
 				}
 				return
 			}
-			if !errors.Is(err, dedup.ErrInvalidConfig) || mw != nil {
+			if !errors.Is(err, dedup.ErrInvalidConfig) || g != nil {
 				t.Fatalf("NewGuard = %v, want an ErrInvalidConfig error", err)
 			}
+			if verr := tc.cfg.Validate(); verr == nil || verr.Error() != err.Error() {
+				t.Fatalf("Validate = %v, want the NewGuard error", verr)
+			}
 			t.Log(err)
-			defer func() {
-				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), err.Error()) {
-					t.Fatalf("Guard panic = %v, want the NewGuard error", r)
-				}
-			}()
-			dedup.Guard(tc.store, tc.cfg)
 		})
 	}
 }

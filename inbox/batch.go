@@ -192,14 +192,9 @@ func (b *Batcher[T]) run(bt *batch[T]) {
 		b.runSavepoints(ctx, items)
 	}
 	for _, it := range items {
-		switch {
-		case it.err != nil:
-		case it.dup:
-			idemq.RecorderFrom(it.ctx).Add(idemq.CountDuplicates, 1)
-			idemq.MarkOutcomeCounted(it.ctx)
-		default:
-			idemq.RecorderFrom(it.ctx).Add(idemq.CountProcessed, 1)
-			idemq.MarkOutcomeCounted(it.ctx)
+		if it.err == nil && it.dup {
+			// The consumer acks it and counts a duplicate.
+			it.err = idemq.ErrDuplicate
 		}
 	}
 }

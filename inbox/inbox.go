@@ -214,10 +214,11 @@ func (ib *Inbox[T]) isDuplicate(err error) bool {
 // Handler returns the innermost idemq handler: per delivery it begins a
 // transaction, inserts the inbox row, and
 //   - row already there (a duplicate, committed by someone else): rolls
-//     back, counts [idemq.CountDuplicates], returns nil (ack) without
-//     running h;
-//   - row inserted: runs h(ctx, tx, d); nil → commit, count
-//     [idemq.CountProcessed], return nil; error → roll back, return it.
+//     back and returns [idemq.ErrDuplicate] without running h (the
+//     consumer acks it and counts a duplicate);
+//   - row inserted: runs h(ctx, tx, d); nil → commit, return nil (the
+//     consumer acks it and counts it processed); error → roll back,
+//     return it.
 //
 // A second delivery of an ID whose row is still uncommitted blocks on it
 // (PostgreSQL and MySQL wait on the unique index, SQLite on the write
@@ -235,7 +236,6 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	if err != nil {
 		return err
 	}
-	rec := idemq.RecorderFrom(ctx)
 	tx, err := ib.drv.Begin(ctx)
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: begin: %w", err))
@@ -255,10 +255,8 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	if !fresh {
 		done = true
 		_ = ib.drv.Rollback(ctx, tx)
-		rec.Add(idemq.CountDuplicates, 1)
-		idemq.MarkOutcomeCounted(ctx)
 		ib.log.Debug("inbox: duplicate acked", "group", group, "message_id", id)
-		return nil
+		return idemq.ErrDuplicate
 	}
 	if err := h(ctx, tx, d); err != nil {
 		done = true
@@ -271,7 +269,5 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	if err := ib.drv.Commit(ctx, tx); err != nil {
 		return Classify(fmt.Errorf("inbox: commit: %w", err))
 	}
-	rec.Add(idemq.CountProcessed, 1)
-	idemq.MarkOutcomeCounted(ctx)
 	return nil
 }

@@ -16,23 +16,24 @@ func ExamplePolicy() {
 	setup := topology.SetupFunc(topology.Topology{Queues: []topology.Queue{q}})
 	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
 	defer pub.Close()
-	// NewPolicy refuses at startup what could never be republished (a
-	// delay without its retry queue, a dead-letter queue the topology
-	// does not declare).
-	policy, err := retry.NewPolicy(retry.ForTopology(q, retry.Config{Publisher: pub}))
+	// New refuses at startup what could never be republished (a delay
+	// without its retry queue, a dead-letter queue the topology does not
+	// declare).
+	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub}))
 	if err != nil {
 		panic(err)
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: q.Name,
 		Setup: setup,
-		Middleware: []idemq.Middleware{
-			policy,
-			// dedup.Guard(store, dedup.Config{}) goes here, inside the policy.
+		Pipeline: idemq.Pipeline{
+			Policy: policy, // decides; the consumer carries the decisions out
+			// Guard: a dedup.NewGuard — always inside the policy.
+			Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+				return nil // or idemq.Permanent(err), idemq.Reject(reason, err), any error to retry
+			}),
 		},
-	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		return nil // or idemq.Permanent(err), idemq.Reject(reason, err), any error to retry
-	}))
+	})
 	if err != nil {
 		panic(err)
 	}

@@ -66,7 +66,7 @@ func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 			}
 			var c calls
 			start := time.Now()
-			consume(t, p.Queue, retry.ForTopology(q, retry.Config{Publisher: publisher(t), QuickAttempts: 1}),
+			consume(t, p.Queue, retry.ForTopology(q, retry.Config{Sender: publisher(t), QuickAttempts: 1}),
 				func(ctx context.Context, d *idemq.Delivery) error {
 					c.add(d)
 					return errors.New("flaky")

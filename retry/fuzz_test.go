@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"context"
 	"errors"
 	"math"
 	"strings"
@@ -56,17 +55,24 @@ func FuzzAttemptHeaders(f *testing.F) {
 		trusted := FromRetryPath(d)
 		pub := &scripted{}
 		failures := g.byte() % 3
-		p := newTestPolicy(Config{QuickAttempts: 1, Delays: []time.Duration{time.Second}, MaxAttempts: 3}, pub,
-			func(context.Context, *idemq.Delivery) error {
-				switch failures {
-				case 0:
-					return errors.New(strings.Repeat("x", 5000))
-				case 1:
-					return idemq.Permanent(errors.New("bad"))
-				}
-				return idemq.Requeue(time.Second, "test", errors.New("later"))
-			})
-		_ = p.Handle(context.Background(), d)
+		p, err := New(Config{Sender: pub, QuickAttempts: 1, Delays: []time.Duration{time.Second}, MaxAttempts: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var herr error
+		switch failures {
+		case 0:
+			herr = errors.New(strings.Repeat("x", 5000))
+		case 1:
+			herr = idemq.Permanent(errors.New("bad"))
+		default:
+			herr = idemq.Requeue(time.Second, "test", errors.New("later"))
+		}
+		if dec, ok := p.Admit(d); ok {
+			carry(p, d, p.Decide(d, idemq.Run{Err: herr, N: 1}))
+		} else {
+			carry(p, d, dec)
+		}
 		for _, m := range pub.got {
 			for k, v := range m.Headers {
 				if !strings.HasPrefix(k, idemq.HeaderPrefix) {

@@ -24,18 +24,24 @@ func TestPolicyWithDedupGuard(t *testing.T) {
 	p := declare(t, q)
 	store := dedup.NewMemory(dedup.MemoryConfig{})
 	var c calls
+	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: publisher(t), QuickAttempts: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard, err := dedup.NewGuard(dedup.Config{Store: store, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c0, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		URL: testenv.RequireAMQP(t), Queue: p.Queue, Logger: quiet(), AckBatch: 1,
-		Middleware: []idemq.Middleware{
-			retry.Policy(retry.ForTopology(q, retry.Config{Publisher: publisher(t), QuickAttempts: 1, Logger: quiet()})),
-			dedup.Guard(store, dedup.Config{Logger: quiet()}),
-		},
-	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		if c.add(d) == 1 {
-			return errors.New("transient")
-		}
-		return nil
-	}))
+		Pipeline: idemq.Pipeline{Policy: policy, Guard: guard,
+			Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+				if c.add(d) == 1 {
+					return errors.New("transient")
+				}
+				return nil
+			})},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func settle(t *testing.T, c *calls, what string, cond func() bool) {
 func TestRetryWithoutMessageIDIsDeadLetteredNotLooped(t *testing.T) {
 	p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond}})
 	var c calls
-	cons := consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, QuickAttempts: 1,
+	cons := consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays, QuickAttempts: 1,
 		PublishRetryAfter: 50 * time.Millisecond},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			c.add(d)
@@ -97,7 +97,7 @@ func TestNoDLQTopologyRejectsInsteadOfLooping(t *testing.T) {
 				t.Fatalf("plan has DLQ %q", p.DLQ)
 			}
 			var c calls
-			cons := consume(t, p.Queue, retry.ForTopology(q, retry.Config{Publisher: publisher(t), QuickAttempts: 1,
+			cons := consume(t, p.Queue, retry.ForTopology(q, retry.Config{Sender: publisher(t), QuickAttempts: 1,
 				PublishRetryAfter: 50 * time.Millisecond}),
 				func(ctx context.Context, d *idemq.Delivery) error {
 					c.add(d)
@@ -139,7 +139,7 @@ func TestDeletedDLQRejectsInsteadOfLooping(t *testing.T) {
 				testenv.DeleteQueue(p.Retries[0].Name)
 			}
 			var c calls
-			cons := consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, QuickAttempts: 1,
+			cons := consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays, QuickAttempts: 1,
 				PublishRetryAfter: 50 * time.Millisecond},
 				func(ctx context.Context, d *idemq.Delivery) error {
 					c.add(d)
@@ -168,7 +168,7 @@ func TestDeadLetterTransientPublishFailureKeepsTheDelivery(t *testing.T) {
 	t.Cleanup(func() { pub.Close() })
 	proxy.Pause()
 	var c calls
-	cons := consume(t, p.Queue, retry.Config{Publisher: pub, Delays: []time.Duration{}, PublishRetryAfter: 50 * time.Millisecond,
+	cons := consume(t, p.Queue, retry.Config{Sender: pub, Delays: []time.Duration{}, PublishRetryAfter: 50 * time.Millisecond,
 		PublishTimeout: 200 * time.Millisecond},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			c.add(d)
@@ -198,7 +198,7 @@ func TestDeadLetterTransientPublishFailureKeepsTheDelivery(t *testing.T) {
 func TestHugeErrorTextIsDeadLetteredNotLooped(t *testing.T) {
 	p := declare(t, topology.Queue{NoRetry: true})
 	var c calls
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: []time.Duration{}, ErrorTextLimit: 1 << 20,
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: []time.Duration{}, ErrorTextLimit: 1 << 20,
 		PublishTimeout: 2 * time.Second, PublishRetryAfter: 50 * time.Millisecond},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			c.add(d)

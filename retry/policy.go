@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"runtime/debug"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,11 +14,12 @@ import (
 )
 
 // Config configures [Policy]. The zero value is usable (but without a
-// Publisher it can neither delay nor dead-letter; see the package doc).
+// Sender it can neither delay nor dead-letter; see the package doc).
 type Config struct {
-	// Publisher republishes to retry queues and the dead-letter queue, with
-	// confirms. Required for delayed retries and dead letters.
-	Publisher *idemq.Publisher
+	// Sender republishes to retry queues and the dead-letter queue, with
+	// confirms (an *idemq.Publisher). Required for delayed retries and
+	// dead letters.
+	Sender idemq.Sender
 	// QuickAttempts is how many times the handler runs in process for one
 	// delivery before a delayed retry (1 = no quick retry). Default 3.
 	QuickAttempts int
@@ -56,11 +55,9 @@ type Config struct {
 	ErrorTextLimit int
 	// PublishTimeout bounds one republish (with its confirm). Default 30s.
 	PublishTimeout time.Duration
-	// PublishRetryAfter is the After of the Requeue returned when a
-	// republish fails. Default 1s.
+	// PublishRetryAfter is how long a delivery waits in its queue when a
+	// republish failed for a reason that passes. Default 1s.
 	PublishRetryAfter time.Duration
-	// Logger; default slog.Default().
-	Logger *slog.Logger
 	// Now is the clock (tests). Default time.Now.
 	Now func() time.Time
 	// Plan is the topology of the work queue, set by [ForTopology]. When
@@ -85,7 +82,7 @@ const maxOriginalIDText = 512
 // ForTopology returns cfg with Delays, DeadLetterQueue and DeliveryLimit
 // taken from q's plan (the same one [topology.Declare] declares), unless cfg
 // sets them already, and Plan set to it so [Config.Validate] (and
-// [NewPolicy]) can check what cfg sets itself against the topology.
+// [New]) can check what cfg sets itself against the topology.
 // MaxAttempts is left to its default (len(Delays)+1) unless set. A queue
 // with dlq "-" gets no dead-letter queue: the policy rejects to the broker.
 func ForTopology(q topology.Queue, cfg Config) Config {
@@ -107,7 +104,8 @@ func ForTopology(q topology.Queue, cfg Config) Config {
 	return cfg
 }
 
-func (c *Config) defaults() {
+// withDefaults returns c with every unset field at its default.
+func (c Config) withDefaults() Config {
 	if c.QuickAttempts <= 0 {
 		c.QuickAttempts = 3
 	}
@@ -141,12 +139,10 @@ func (c *Config) defaults() {
 	if c.PublishRetryAfter <= 0 {
 		c.PublishRetryAfter = time.Second
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	return c
 }
 
 // ErrConfig is wrapped by every error [Config.Validate] returns.
@@ -160,7 +156,7 @@ var ErrConfig = errors.New("retry: invalid configuration")
 // cannot see the broker: a queue deleted later is handled at run time
 // (the delivery is rejected to the broker, never looped).
 func (c Config) Validate() error {
-	c.defaults()
+	c = c.withDefaults()
 	var errs []error
 	for i, d := range c.Delays {
 		if d <= 0 {
@@ -197,36 +193,44 @@ func (c Config) Validate() error {
 	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
 }
 
-// NewPolicy validates cfg ([Config.Validate]) and returns the
-// failure-policy middleware; prefer it to [Policy], which does not check.
-func NewPolicy(cfg Config) (idemq.Middleware, error) {
+// Policy is idemq's failure policy: an [idemq.FailurePolicy] whose
+// decisions are pure functions of the delivery, the run and the config
+// (see the package doc for the table). Create it with [New] and put it in
+// idemq.Pipeline.Policy; the consumer carries its decisions out.
+type Policy struct {
+	cfg  Config
+	send idemq.Sender // cfg.Sender bounded by PublishTimeout; nil without one
+}
+
+var _ idemq.FailurePolicy = (*Policy)(nil)
+
+// New validates cfg ([Config.Validate]), fills its defaults and returns
+// the policy.
+func New(cfg Config) (*Policy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return Policy(cfg), nil
+	cfg = cfg.withDefaults()
+	p := &Policy{cfg: cfg}
+	if cfg.Sender != nil {
+		p.send = timeoutSender{cfg.Sender, cfg.PublishTimeout}
+	}
+	return p, nil
 }
 
-// Policy returns the failure-policy middleware without validating cfg (see
-// [NewPolicy]). Install it outside the dedup guard and the inbox (so their
-// Requeue and Reject errors reach it).
-func Policy(cfg Config) idemq.Middleware {
-	cfg.defaults()
-	var pub publishFunc
-	if cfg.Publisher != nil {
-		pub = cfg.Publisher.Publish
-	}
-	return func(next idemq.Handler) idemq.Handler {
-		return &policy{cfg: cfg, next: next, pub: pub}
-	}
+// Config returns the effective configuration (defaults filled).
+func (p *Policy) Config() Config { return p.cfg }
+
+// timeoutSender bounds each publish (with its confirm).
+type timeoutSender struct {
+	s idemq.Sender
+	d time.Duration
 }
 
-// publishFunc publishes with confirms ([idemq.Publisher.Publish]).
-type publishFunc func(ctx context.Context, m idemq.Message) error
-
-type policy struct {
-	cfg  Config
-	next idemq.Handler
-	pub  publishFunc // nil without a Publisher
+func (t timeoutSender) Publish(ctx context.Context, m idemq.Message) error {
+	ctx, cancel := context.WithTimeout(ctx, t.d)
+	defer cancel()
+	return t.s.Publish(ctx, m)
 }
 
 // unpublishable reports whether a republish error is one no wait can fix:
@@ -246,62 +250,145 @@ func idReason(err error) string {
 	return idemq.ReasonInvalidID
 }
 
-func (p *policy) run(ctx context.Context, d *idemq.Delivery) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &idemq.PanicError{Value: v, Stack: debug.Stack()}
-		}
-	}()
-	return p.next.Handle(ctx, d)
-}
-
-func (p *policy) Handle(ctx context.Context, d *idemq.Delivery) error {
+// Admit drops forged x-idemq-* headers (see [FromRetryPath]) and
+// dead-letters, before the handler runs, a delivery whose x-delivery-count
+// reached DeliveryLimit.
+func (p *Policy) Admit(d *idemq.Delivery) (idemq.Decision, bool) {
 	stripForged(d)
 	if p.cfg.DeliveryLimit > 0 {
 		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(p.cfg.DeliveryLimit) {
 			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, p.cfg.DeliveryLimit)
-			return p.deadLetter(ctx, d, idemq.ReasonDeliveryLimit, cause, Attempt(d.Headers))
+			return p.deadLetter(d, idemq.ReasonDeliveryLimit, cause, Attempt(d.Headers)), false
 		}
 	}
-	var err error
-	for i := 0; i < p.cfg.QuickAttempts; i++ {
-		if i > 0 {
-			if backoff.Sleep(ctx, p.cfg.QuickBackoff.Delay(i-1)) != nil {
-				break
-			}
-		}
-		err = p.run(ctx, d)
-		if err == nil {
-			return nil
-		}
-		if idemq.IsUnavailable(err) && ctx.Err() == nil {
-			return p.unavailable(ctx, d, err) // not an attempt: see unavailable.go
-		}
-		var rq *idemq.RequeueError
-		if idemq.IsPermanent(err) || errors.As(err, &rq) || ctx.Err() != nil {
-			break
-		}
-	}
-	if ctx.Err() != nil {
-		// Shutting down or the channel is gone: no decision now. The
-		// delivery is not acked, the broker gives it back.
-		return idemq.Requeue(0, "shutdown", err)
-	}
-	var rq *idemq.RequeueError
-	switch {
-	case idemq.IsPermanent(err):
-		return p.deadLetter(ctx, d, idemq.ReasonOf(err), err, Attempt(d.Headers))
-	case errors.As(err, &rq):
-		return p.requeue(ctx, d, rq, err)
-	}
-	attempt := Attempt(d.Headers)
-	if attempt >= p.cfg.MaxAttempts || len(p.cfg.Delays) == 0 {
-		return p.deadLetter(ctx, d, idemq.ReasonMaxAttempts, err, attempt)
-	}
-	return p.retry(ctx, d, err, attempt)
+	return idemq.Decision{}, true
 }
 
-func (p *policy) delay(attempt int) time.Duration {
+// Decide implements [idemq.FailurePolicy]:
+//
+//	nil, idemq.ErrDuplicate           → ack
+//	a dependency unavailable          → given back in place, not an attempt
+//	transient, run < QuickAttempts    → run again after QuickBackoff
+//	the consumer is stopping          → given back at once
+//	permanent (Permanent, Reject)     → dead letter with its reason
+//	*idemq.RequeueError               → deferred (in place, or a retry queue)
+//	attempt >= MaxAttempts, no Delays → dead letter, reason max-attempts
+//	otherwise                         → retry queue of this attempt, attempt+1
+func (p *Policy) Decide(d *idemq.Delivery, r idemq.Run) idemq.Decision {
+	err := r.Err
+	if err == nil || idemq.IsDuplicate(err) {
+		return idemq.Ack(err)
+	}
+	if idemq.IsUnavailable(err) && !r.Stopping {
+		return p.unavailable(d, err)
+	}
+	var rq *idemq.RequeueError
+	deferred := errors.As(err, &rq)
+	if !idemq.IsPermanent(err) && !deferred && !r.Stopping && r.N < p.cfg.QuickAttempts {
+		return idemq.Decision{Action: idemq.ActionRunAgain, Delay: p.cfg.QuickBackoff.Delay(r.N - 1), Err: err}
+	}
+	attempt := Attempt(d.Headers)
+	switch {
+	case r.Stopping:
+		// Shutting down or the channel is gone: no decision now.
+		return idemq.Decision{Action: idemq.ActionRequeue, Outcome: idemq.OutcomeStopped, Reason: "shutdown", Attempt: attempt, Err: err}
+	case idemq.IsPermanent(err):
+		return p.deadLetter(d, idemq.ReasonOf(err), err, attempt)
+	case deferred:
+		return p.requeue(d, rq, err)
+	case attempt >= p.cfg.MaxAttempts || len(p.cfg.Delays) == 0:
+		return p.deadLetter(d, idemq.ReasonMaxAttempts, err, attempt)
+	}
+	return p.retry(d, err, attempt)
+}
+
+// PublishFailed implements [idemq.FailurePolicy]: what happens when the
+// republish dec decided failed with err.
+//
+//	retry, unpublishable          → dead letter, reason handler-error
+//	retry, transient              → wait in place PublishRetryAfter, decide again
+//	deferral, any error           → wait in place its After (never dead-lettered)
+//	dead letter too large         → the same with only reason and attempts headers
+//	dead letter unpublishable     → reject to the broker (counter retry_unpublishable)
+//	dead letter, transient        → wait in place PublishRetryAfter, decide again
+func (p *Policy) PublishFailed(d *idemq.Delivery, dec idemq.Decision, err error) idemq.Decision {
+	wait := idemq.Decision{Action: idemq.ActionRequeue, Outcome: idemq.OutcomeDeferred,
+		Delay: p.cfg.PublishRetryAfter, Reason: RequeuePublishFailed, Attempt: dec.Attempt, Err: err}
+	switch dec.Outcome {
+	case idemq.OutcomeRetried:
+		if unpublishable(err) {
+			// The retry queue does not exist (Delays and the declared
+			// topology disagree), or the message cannot be sent as it is:
+			// waiting would not help, requeueing would loop.
+			return p.deadLetter(d, idemq.ReasonHandlerError,
+				fmt.Errorf("%w (not retried: retry queue %q: %w)", dec.Err, dec.Message.RoutingKey, err), dec.Attempt)
+		}
+		return wait
+	case idemq.OutcomeDeferred, idemq.OutcomeUnavailable:
+		// Not an attempt: whatever the error, the delivery waits in place
+		// and the layer that deferred it decides again when it comes back.
+		var rq *idemq.RequeueError
+		if errors.As(dec.Err, &rq) {
+			wait.Delay = rq.After
+		}
+		wait.Outcome, wait.Reason, wait.Err = dec.Outcome, dec.Reason, fmt.Errorf("%w (republish failed: %w)", dec.Err, err)
+		return wait
+	case idemq.OutcomeDeadLettered:
+		if _, full := dec.Message.Headers[idemq.HeaderError]; full && errors.Is(err, idemq.ErrMessageTooLarge) {
+			// The message's own headers leave no room for idemq's: send
+			// it with only the reason and the attempt count.
+			small := *dec.Message
+			h := minimalHeaders(d.Headers, dec.Reason, dec.Attempt)
+			if v, ok := dec.Message.Headers[idemq.HeaderOriginalMessageID]; ok {
+				h[idemq.HeaderOriginalMessageID] = v
+			}
+			small.Headers = h
+			dec.Message = &small
+			return dec
+		}
+		if unpublishable(err) {
+			// The dead-letter queue is gone, or the message cannot be
+			// sent even without idemq's headers: reject it to the broker
+			// (its dead-letter exchange, if any, takes it), never loop.
+			return idemq.Decision{Action: idemq.ActionReject, Outcome: idemq.OutcomeRejected, Reason: dec.Reason,
+				Attempt: dec.Attempt, Err: fmt.Errorf("%w; dead letter to %q not published: %w", dec.Err, dec.Message.RoutingKey, err),
+				Counters: []string{CountUnpublishable}}
+		}
+		return wait
+	}
+	return wait
+}
+
+// RequeuePublishFailed is the Reason of the decision to wait in place
+// after a republish failed for a reason that passes.
+const RequeuePublishFailed = "retry-publish-failed"
+
+// UnavailableRetryAfter is how long a delivery whose dependency was
+// unavailable waits before it is given back, when the error does not say
+// (an idemq.RequeueError's After).
+const UnavailableRetryAfter = time.Second
+
+// RequeueUnavailable is the Reason of the decision for a dependency
+// outage.
+const RequeueUnavailable = "dependency-unavailable"
+
+// unavailable decides for a delivery whose chain failed because a
+// dependency (the database, the dedup store) could not be reached. That
+// is not the message's fault: no quick retry, no attempt+1, no dead
+// letter. It is given back in place (x-idemq-attempt unchanged); a quorum
+// delivery count past half the DeliveryLimit is reset by republishing to
+// the work queue itself (see requeue).
+func (p *Policy) unavailable(d *idemq.Delivery, err error) idemq.Decision {
+	after := UnavailableRetryAfter
+	var rq *idemq.RequeueError
+	if errors.As(err, &rq) && rq.After > 0 {
+		after = rq.After
+	}
+	back := idemq.RequeueInPlace(after, RequeueUnavailable, err).(*idemq.RequeueError)
+	return p.requeue(d, back, back)
+}
+
+func (p *Policy) delay(attempt int) time.Duration {
 	i := attempt - 1
 	if i >= len(p.cfg.Delays) {
 		i = len(p.cfg.Delays) - 1
@@ -312,45 +399,22 @@ func (p *policy) delay(attempt int) time.Duration {
 	return p.cfg.Delays[i]
 }
 
-// retry republishes to the retry queue of attempt and returns nil once
-// confirmed.
-func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, attempt int) error {
-	if p.pub == nil {
-		return cause
+// retry decides a republish to the retry queue of attempt.
+func (p *Policy) retry(d *idemq.Delivery, cause error, attempt int) idemq.Decision {
+	if p.send == nil {
+		return idemq.BasePolicy{}.Decide(d, idemq.Run{Err: cause, N: 1})
 	}
 	if err := idemq.ValidateID(republishID(d)); err != nil {
 		// A retry must come back under the same ID (the dedup guard keys
 		// on it); without a valid one no republish can succeed, and a new
 		// ID would make it another message. Dead-letter it now.
-		p.cfg.Logger.Error("idemq/retry: delivery has no valid message ID; dead-lettering instead of retrying",
-			"queue", d.Queue, "attempt", attempt, "err", err)
-		return p.deadLetter(ctx, d, idReason(err), fmt.Errorf("%w (not retried: %w)", cause, err), attempt)
+		return p.deadLetter(d, idReason(err), fmt.Errorf("%w (not retried: %w)", cause, err), attempt)
 	}
-	now := p.cfg.Now()
-	delay := p.delay(attempt)
-	h := p.failureHeaders(d, cause, now)
+	h := p.failureHeaders(d, cause, p.cfg.Now())
 	h[idemq.HeaderAttempt] = int64(attempt + 1)
-	q := p.cfg.RetryQueue(d.Queue, delay)
-	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
-		if unpublishable(err) {
-			// The retry queue does not exist (Delays and the declared
-			// topology disagree), or the message cannot be sent as it is:
-			// waiting would not help, and requeueing would loop.
-			// Dead-letter it with the reason handler-error.
-			p.cfg.Logger.Error("idemq/retry: cannot republish to the retry queue, ever; dead-lettering instead (declare it with topology.Declare)",
-				"message_id", d.MessageID, "retry_queue", q, "err", err)
-			return p.deadLetter(ctx, d, idemq.ReasonHandlerError,
-				fmt.Errorf("%w (not retried: retry queue %q: %w)", cause, q, err), attempt)
-		}
-		p.cfg.Logger.Error("idemq/retry: cannot republish to the retry queue; the delivery comes back later",
-			"message_id", d.MessageID, "retry_queue", q, "err", err)
-		return idemq.Requeue(p.cfg.PublishRetryAfter, "retry-publish-failed", err)
-	}
-	idemq.RecorderFrom(ctx).Add(idemq.CountRetried, 1)
-	p.cfg.Logger.Info("idemq/retry: delivery failed; retrying later",
-		"message_id", d.MessageID, "queue", d.Queue, "attempt", attempt, "next_attempt", attempt+1,
-		"delay", delay, "err", Truncate(cause.Error(), p.cfg.ErrorTextLimit))
-	return nil
+	msg := republish(d, "", p.cfg.RetryQueue(d.Queue, p.delay(attempt)), h)
+	return idemq.Decision{Action: idemq.ActionPublish, Outcome: idemq.OutcomeRetried, Message: &msg, Sender: p.send,
+		Reason: idemq.ReasonOf(cause), Attempt: attempt, Err: cause}
 }
 
 // roomToRequeue says whether an in-place requeue of d leaves its quorum
@@ -359,32 +423,39 @@ func (p *policy) retry(ctx context.Context, d *idemq.Delivery, cause error, atte
 // would reach the limit and be dead-lettered without ever running; past
 // half the limit it is republished to its work queue instead, which starts
 // the count again.
-func (p *policy) roomToRequeue(d *idemq.Delivery) bool {
+func (p *Policy) roomToRequeue(d *idemq.Delivery) bool {
 	n, ok := DeliveryCount(d.Headers)
 	return !ok || p.cfg.DeliveryLimit <= 0 || n < int64(p.cfg.DeliveryLimit/2)
 }
 
-func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.RequeueError, cause error) error {
-	if p.pub == nil || (rq.InPlace && p.roomToRequeue(d)) {
-		return cause // the consumer requeues it after rq.After
+// requeue decides for a deferral (not an attempt): in place, or through a
+// republish (a retry queue, or the work queue itself).
+func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error) idemq.Decision {
+	out := idemq.OutcomeDeferred
+	if idemq.IsUnavailable(cause) {
+		out = idemq.OutcomeUnavailable
+	}
+	inPlace := idemq.Decision{Action: idemq.ActionRequeue, Outcome: out, Delay: rq.After, Reason: rq.Reason,
+		Attempt: Attempt(d.Headers), Err: cause}
+	if p.send == nil || (rq.InPlace && p.roomToRequeue(d)) {
+		return inPlace
 	}
 	if idemq.ValidateID(republishID(d)) != nil {
 		// Cannot be republished under its own ID: it waits in place (the
 		// inner layer decides when the deferral ends; a quorum queue's
 		// DeliveryLimit bounds it).
-		return cause
+		return inPlace
 	}
 	// In place with its delivery count spent: republished to the work
-	// queue itself, which starts the count again; the next deferrals are in
-	// place (and wait) again. Not through a retry queue: what the broker
-	// dead-letters out of a TTL queue it may drop in a restart.
-	q, delay := d.Queue, time.Duration(0)
+	// queue itself, which starts the count again; the next deferrals are
+	// in place (and wait) again. Not through a retry queue: what the
+	// broker dead-letters out of a TTL queue it may drop in a restart.
+	q := d.Queue
 	if !rq.InPlace {
 		if len(p.cfg.Delays) == 0 {
-			return cause
+			return inPlace
 		}
-		delay = p.cfg.Delays[len(p.cfg.Delays)-1]
-		found := false
+		delay, found := p.cfg.Delays[len(p.cfg.Delays)-1], false
 		for _, dl := range p.cfg.Delays {
 			if dl >= rq.After && (!found || dl < delay) {
 				delay, found = dl, true
@@ -398,39 +469,25 @@ func (p *policy) requeue(ctx context.Context, d *idemq.Delivery, rq *idemq.Reque
 	n, _ := Int(h[idemq.HeaderRequeues])
 	h[idemq.HeaderRequeues] = n + 1
 	bound(h, p.cfg.ErrorTextLimit)
-	if err := p.publish(ctx, republish(d, "", q, h)); err != nil {
-		// Not an attempt: whatever the error, the delivery waits in place
-		// and the inner layer decides again when it comes back (it ends
-		// when the lease or the outage does; DeliveryLimit bounds it on a
-		// quorum queue). Never dead-lettered for a deferral.
-		lvl := slog.LevelWarn
-		if unpublishable(err) {
-			lvl = slog.LevelError
-		}
-		p.cfg.Logger.Log(ctx, lvl, "idemq/retry: cannot republish a requeued delivery; the consumer requeues it in place",
-			"message_id", d.MessageID, "queue", q, "err", err)
-		return cause
-	}
-	idemq.RecorderFrom(ctx).Add(idemq.CountRetried, 1)
-	p.cfg.Logger.Debug("idemq/retry: delivery sent back for later (not an attempt)",
-		"message_id", d.MessageID, "reason", rq.Reason, "queue", q, "delay", delay)
-	return nil
+	msg := republish(d, "", q, h)
+	inPlace.Action, inPlace.Message, inPlace.Sender, inPlace.Delay = idemq.ActionPublish, &msg, p.send, 0
+	return inPlace
 }
 
-func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason string, cause error, attempts int) error {
+// deadLetter decides a publish to the dead-letter queue (or a reject to
+// the broker when there is none).
+func (p *Policy) deadLetter(d *idemq.Delivery, reason string, cause error, attempts int) idemq.Decision {
+	reject := idemq.Decision{Action: idemq.ActionReject, Outcome: idemq.OutcomeRejected, Reason: reason, Attempt: attempts, Err: cause}
 	q := p.cfg.DeadLetterQueue(d.Queue)
 	if q == "" {
 		// No dead-letter queue (topology dlq: "-"): "no DLQ" means no DLQ.
-		// The consumer rejects it; the broker drops it unless the work
-		// queue has a dead-letter exchange of its own.
-		idemq.RecorderFrom(ctx).Add(CountNoDeadLetterQueue, 1)
-		p.cfg.Logger.Warn("idemq/retry: delivery failed for good and there is no dead-letter queue; rejecting it to the broker",
-			"message_id", d.MessageID, "queue", d.Queue, "reason", reason, "attempts", attempts,
-			"err", Truncate(errText(cause), p.cfg.ErrorTextLimit))
-		return idemq.Reject(reason, cause)
+		// Rejected to the broker, which drops it unless the work queue has
+		// a dead-letter exchange of its own.
+		reject.Counters = []string{CountNoDeadLetterQueue}
+		return reject
 	}
-	if p.pub == nil {
-		return idemq.Reject(reason, cause)
+	if p.send == nil {
+		return reject
 	}
 	now := p.cfg.Now()
 	h := p.failureHeaders(d, cause, now)
@@ -445,48 +502,11 @@ func (p *policy) deadLetter(ctx context.Context, d *idemq.Delivery, reason strin
 		}
 		msg.ID = idemq.NewMessageID()
 	}
-	err := p.publish(ctx, msg)
-	if errors.Is(err, idemq.ErrMessageTooLarge) {
-		// The message's own headers leave no room for idemq's: dead-letter
-		// it with only the reason and the attempt count.
-		p.cfg.Logger.Warn("idemq/retry: dead letter too large with idemq's headers; sending it without them",
-			"message_id", d.MessageID, "dlq", q, "reason", reason, "err", err)
-		mh := minimalHeaders(d.Headers, reason, attempts)
-		if v, ok := h[idemq.HeaderOriginalMessageID]; ok {
-			mh[idemq.HeaderOriginalMessageID] = v
-		}
-		msg.Headers = mh
-		err = p.publish(ctx, msg)
-	}
-	if err != nil {
-		if unpublishable(err) {
-			// The dead-letter queue is gone, or the message cannot be sent
-			// even without idemq's headers: no wait can fix it. Reject it
-			// to the broker (its dead-letter exchange, if any, takes it),
-			// never requeue it in a loop.
-			idemq.RecorderFrom(ctx).Add(CountUnpublishable, 1)
-			p.cfg.Logger.Error("idemq/retry: cannot publish the dead letter, ever; rejecting the delivery to the broker",
-				"message_id", d.MessageID, "queue", d.Queue, "dlq", q, "reason", reason, "attempts", attempts, "err", err)
-			return idemq.Reject(reason, fmt.Errorf("%w; dead letter to %q not published: %w", cause, q, err))
-		}
-		p.cfg.Logger.Error("idemq/retry: cannot publish the dead letter; the delivery comes back later",
-			"message_id", d.MessageID, "dlq", q, "reason", reason, "err", err)
-		return idemq.Requeue(p.cfg.PublishRetryAfter, "retry-publish-failed", err)
-	}
-	idemq.RecorderFrom(ctx).Add(idemq.CountDeadLettered, 1)
-	p.cfg.Logger.Warn("idemq/retry: delivery dead-lettered",
-		"message_id", d.MessageID, "queue", d.Queue, "dlq", q, "reason", reason, "attempts", attempts,
-		"err", Truncate(errText(cause), p.cfg.ErrorTextLimit))
-	return nil
+	return idemq.Decision{Action: idemq.ActionPublish, Outcome: idemq.OutcomeDeadLettered, Message: &msg, Sender: p.send,
+		Reason: reason, Attempt: attempts, Err: cause}
 }
 
-func (p *policy) publish(ctx context.Context, m idemq.Message) error {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.PublishTimeout)
-	defer cancel()
-	return p.pub(ctx, m)
-}
-
-func (p *policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) amqp.Table {
+func (p *Policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) amqp.Table {
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
 	ts := now.UTC().Format(TimeFormat)
@@ -553,8 +573,8 @@ func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Mess
 	}
 }
 
-// Counter names the policy records (besides idemq.CountRetried and
-// idemq.CountDeadLettered).
+// Counter names the policy's decisions add (besides idemq.CountRetried and
+// idemq.CountDeadLettered, which the consumer counts from the outcome).
 const (
 	// CountUnpublishable: deliveries rejected to the broker (nack without
 	// requeue) because no republish could ever succeed — the dead-letter

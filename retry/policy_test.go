@@ -53,13 +53,14 @@ func publisher(t *testing.T) *idemq.Publisher {
 
 func consume(t *testing.T, queue string, cfg retry.Config, h idemq.HandlerFunc) *idemq.Consumer {
 	t.Helper()
-	if cfg.Logger == nil {
-		cfg.Logger = quiet()
+	policy, err := retry.New(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		URL: testenv.RequireAMQP(t), Queue: queue, Group: "g1", Logger: quiet(), AckBatch: 1,
-		Middleware: []idemq.Middleware{retry.Policy(cfg)},
-	}, h)
+		Pipeline: idemq.Pipeline{Policy: policy, Handler: h},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestRetryThenSucceed(t *testing.T) {
 	var c calls
 	done := make(chan *idemq.Delivery, 1)
 	consume(t, p.Queue, retry.ForTopology(topology.Queue{Name: p.Queue, RetryDelays: p.Delays},
-		retry.Config{Publisher: publisher(t), QuickAttempts: 2}),
+		retry.Config{Sender: publisher(t), QuickAttempts: 2}),
 		func(ctx context.Context, d *idemq.Delivery) error {
 			if c.add(d) <= 3 {
 				return errors.New("blip")
@@ -172,7 +173,7 @@ func TestRetryUntilDeadLetter(t *testing.T) {
 	q := topology.Queue{Name: testenv.Name(t, "q"), RetryDelays: delays}
 	p := declare(t, q)
 	var c calls
-	cons := consume(t, p.Queue, retry.ForTopology(q, retry.Config{Publisher: publisher(t), QuickAttempts: 1}),
+	cons := consume(t, p.Queue, retry.ForTopology(q, retry.Config{Sender: publisher(t), QuickAttempts: 1}),
 		func(ctx context.Context, d *idemq.Delivery) error {
 			c.add(d)
 			return errors.New("database is down")
@@ -233,7 +234,7 @@ func TestRetryUntilDeadLetter(t *testing.T) {
 func TestMissingRetryQueueDeadLettersAsHandlerError(t *testing.T) {
 	p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond}})
 	var c calls
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: []time.Duration{250 * time.Millisecond}, QuickAttempts: 1},
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: []time.Duration{250 * time.Millisecond}, QuickAttempts: 1},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			c.add(d)
 			return errors.New("flaky")
@@ -253,7 +254,7 @@ func TestMissingRetryQueueDeadLettersAsHandlerError(t *testing.T) {
 
 func TestErrorTextIsBounded(t *testing.T) {
 	p := declare(t, topology.Queue{NoRetry: true})
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: []time.Duration{}, ErrorTextLimit: 64},
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: []time.Duration{}, ErrorTextLimit: 64},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			return idemq.Permanent(errors.New(strings.Repeat("é", 1000)))
 		})
@@ -280,7 +281,7 @@ func TestDeadLetterReasons(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond}})
 			var c calls
-			consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays}, func(ctx context.Context, d *idemq.Delivery) error {
+			consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays}, func(ctx context.Context, d *idemq.Delivery) error {
 				c.add(d)
 				return tt.err
 			})
@@ -316,7 +317,7 @@ func TestDeadLetterReasons(t *testing.T) {
 func TestPanicIsRetriedThenDeadLettered(t *testing.T) {
 	p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond}})
 	var c calls
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, QuickAttempts: 1},
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays, QuickAttempts: 1},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			c.add(d)
 			panic("nil map")
@@ -354,7 +355,7 @@ func TestDeliveryLimitQuorum(t *testing.T) {
 		}
 	}
 	var c calls
-	consume(t, p.Queue, retry.ForTopology(q, retry.Config{Publisher: publisher(t)}), func(ctx context.Context, d *idemq.Delivery) error {
+	consume(t, p.Queue, retry.ForTopology(q, retry.Config{Sender: publisher(t)}), func(ctx context.Context, d *idemq.Delivery) error {
 		c.add(d)
 		return nil
 	})
@@ -377,7 +378,7 @@ func TestRequeueErrorIsDelayedNotCounted(t *testing.T) {
 	p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}})
 	var c calls
 	done := make(chan *idemq.Delivery, 1)
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, QuickAttempts: 3},
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays, QuickAttempts: 3},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			if c.add(d) <= 2 {
 				return idemq.Requeue(150*time.Millisecond, "in-flight", errors.New("another consumer holds the lease"))
@@ -414,7 +415,7 @@ func TestRequeueInPlaceStaysInTheWorkQueue(t *testing.T) {
 	p := declare(t, topology.Queue{RetryDelays: []time.Duration{100 * time.Millisecond}})
 	var c calls
 	done := make(chan *idemq.Delivery, 1)
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, QuickAttempts: 3},
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays, QuickAttempts: 3},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			if c.add(d) <= 2 {
 				return idemq.RequeueInPlace(150*time.Millisecond, "in-flight", errors.New("another consumer holds the lease"))
@@ -453,7 +454,7 @@ func TestRequeueInPlaceRepublishesNearTheDeliveryLimit(t *testing.T) {
 	p := declare(t, topology.Queue{Type: topology.Quorum, DeliveryLimit: 4, RetryDelays: []time.Duration{100 * time.Millisecond}})
 	var c calls
 	done := make(chan *idemq.Delivery, 1)
-	consume(t, p.Queue, retry.Config{Publisher: publisher(t), Delays: p.Delays, DeliveryLimit: p.DeliveryLimit},
+	consume(t, p.Queue, retry.Config{Sender: publisher(t), Delays: p.Delays, DeliveryLimit: p.DeliveryLimit},
 		func(ctx context.Context, d *idemq.Delivery) error {
 			if c.add(d) <= 8 { // twice the limit
 				return idemq.RequeueInPlace(20*time.Millisecond, "in-flight", errors.New("another consumer holds the lease"))

@@ -73,11 +73,15 @@ func TestDLQRoundTrip(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
+	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub, QuickAttempts: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := idemq.ConsumerConfig{
 		URL: url, Queue: p.Queue, Group: "billing", Logger: quiet(), AckBatch: 1,
-		Middleware: []idemq.Middleware{retry.Policy(retry.ForTopology(q, retry.Config{Publisher: pub, QuickAttempts: 1, Logger: quiet()}))},
+		Pipeline: idemq.Pipeline{Policy: policy, Handler: h},
 	}
-	c, err := idemq.NewConsumer(cfg, h)
+	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +154,8 @@ func TestDLQRoundTrip(t *testing.T) {
 	var once2 sync.Once
 	stop2 := func() { once2.Do(func() { cancel2(); <-done2 }) }
 	defer stop2()
-	c2, err := idemq.NewConsumer(cfg, h)
+	cfg.Pipeline.Handler = h
+	c2, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

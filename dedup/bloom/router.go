@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -17,67 +16,111 @@ import (
 // ReasonSuspectedDuplicate is the reason the router writes (idemq.HeaderReason).
 const ReasonSuspectedDuplicate = idemq.ReasonSuspectedDuplicate
 
-// RequeueSuspectPublish is the requeue reason when the suspected-duplicate
-// publish failed.
+// RequeueSuspectPublish is the Reason of the decision to wait in place
+// when the suspected-duplicate publish failed.
 const RequeueSuspectPublish = "suspect-publish-failed"
 
-// RouterConfig configures [SuspectRouter].
+// RouterConfig configures a [Router].
 type RouterConfig struct {
-	// Publisher publishes the suspects (with confirms). Required.
-	Publisher *idemq.Publisher
+	// Policy is the failure policy the router decorates: it decides every
+	// delivery that is not a suspected duplicate. Default
+	// idemq.BasePolicy{} (use a retry.Policy).
+	Policy idemq.FailurePolicy
+	// Sender publishes the suspects, with confirms (an *idemq.Publisher).
+	// Required.
+	Sender idemq.Sender
 	// Queue receives the suspects (published through the default
 	// exchange). Default "<delivery queue>.suspected". Declare it, e.g.
 	// with [SuspectQueueSetup] as the publisher's Setup.
 	Queue string
-	// RetryAfter is how long a delivery waits before it comes back when the
+	// RetryAfter is how long a delivery waits in its queue when the
 	// publish failed. Default 5s.
 	RetryAfter time.Duration
 	// Timeout bounds one publish (confirm included). Default 30s.
 	Timeout time.Duration
-	// Logger; default slog.Default().
-	Logger *slog.Logger
 }
 
-// SuspectRouter returns a middleware that sits outside dedup.Guard: when
-// the chain below it returns an error wrapping [ErrSuspectedDuplicate]
-// (the guard returns the store's claim error inside an idemq.RejectError), it
-// publishes a copy of the delivery — body, properties, headers, plus
-// x-idemq-reason=suspected-duplicate, the dedup key and the original
-// queue/exchange/routing key — to the suspected-duplicate queue, counts
-// CountSuspectedRouted, and returns nil (ack) only once the broker
-// confirmed the copy. A failed publish returns an idemq.RequeueError: the
-// delivery comes back, it is never dropped. Any other error passes
-// through unchanged.
+// ErrInvalidRouterConfig is wrapped by [RouterConfig.Validate]'s errors.
+var ErrInvalidRouterConfig = errors.New("bloom: invalid router config")
+
+func (c RouterConfig) withDefaults() RouterConfig {
+	if c.Policy == nil {
+		c.Policy = idemq.BasePolicy{}
+	}
+	if c.RetryAfter <= 0 {
+		c.RetryAfter = 5 * time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 30 * time.Second
+	}
+	return c
+}
+
+// Validate reports a configuration the router cannot run with: no Sender.
+func (c RouterConfig) Validate() error {
+	if c.Sender == nil {
+		return fmt.Errorf("%w: nil Sender", ErrInvalidRouterConfig)
+	}
+	return nil
+}
+
+// Router is a failure policy ([idemq.FailurePolicy]) around another one:
+// when the chain returned an error wrapping [ErrSuspectedDuplicate] (the
+// guard returns the store's claim error inside an idemq.RejectError), it
+// decides to publish a copy of the delivery — body, properties, headers,
+// plus x-idemq-reason=suspected-duplicate, the dedup key and the original
+// queue/exchange/routing key — to the suspected-duplicate queue, and to
+// ack the delivery once the broker confirmed the copy (counted as
+// [CountSuspectedRouted]). A failed publish gives the delivery back after
+// RetryAfter: it is never dropped. Every other decision is the wrapped
+// policy's. Put it in idemq.Pipeline.Policy.
 //
 // Replay: move the messages back to the work queue once the verifier, or
 // an operator, has decided (`idemq` shovel, or Forget + republish).
-func SuspectRouter(cfg RouterConfig) idemq.Middleware {
-	if cfg.Publisher == nil {
-		panic("bloom.SuspectRouter: nil Publisher")
-	}
-	if cfg.RetryAfter <= 0 {
-		cfg.RetryAfter = 5 * time.Second
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	return func(next idemq.Handler) idemq.Handler {
-		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-			err := next.Handle(ctx, d)
-			var sde *SuspectedDuplicateError
-			if err == nil || !errors.As(err, &sde) {
-				return err
-			}
-			return route(ctx, cfg, d, sde)
-		})
-	}
+type Router struct {
+	cfg  RouterConfig
+	send idemq.Sender
 }
 
-func route(ctx context.Context, cfg RouterConfig, d *idemq.Delivery, sde *SuspectedDuplicateError) error {
-	queue := cfg.Queue
+var _ idemq.FailurePolicy = (*Router)(nil)
+
+// NewRouter validates cfg, fills its defaults and returns the router.
+func NewRouter(cfg RouterConfig) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	return &Router{cfg: cfg, send: timeoutSender{cfg.Sender, cfg.Timeout}}, nil
+}
+
+// Admit is the wrapped policy's.
+func (r *Router) Admit(d *idemq.Delivery) (idemq.Decision, bool) { return r.cfg.Policy.Admit(d) }
+
+// Decide routes a suspected duplicate; anything else is the wrapped
+// policy's decision.
+func (r *Router) Decide(d *idemq.Delivery, run idemq.Run) idemq.Decision {
+	var sde *SuspectedDuplicateError
+	if run.Err == nil || run.Stopping || !errors.As(run.Err, &sde) {
+		return r.cfg.Policy.Decide(d, run)
+	}
+	msg := r.suspect(d, sde)
+	return idemq.Decision{Action: idemq.ActionPublish, Outcome: idemq.OutcomeRouted, Message: &msg, Sender: r.send,
+		Reason: ReasonSuspectedDuplicate, Err: run.Err, Counters: []string{CountSuspectedRouted}}
+}
+
+// PublishFailed gives a suspect whose copy was not published back to its
+// queue; anything else is the wrapped policy's decision.
+func (r *Router) PublishFailed(d *idemq.Delivery, dec idemq.Decision, err error) idemq.Decision {
+	if dec.Outcome != idemq.OutcomeRouted || dec.Reason != ReasonSuspectedDuplicate {
+		return r.cfg.Policy.PublishFailed(d, dec, err)
+	}
+	return idemq.Decision{Action: idemq.ActionRequeue, Outcome: idemq.OutcomeDeferred, Delay: r.cfg.RetryAfter,
+		Reason: RequeueSuspectPublish, Err: fmt.Errorf("bloom: route suspected duplicate to %q: %w", dec.Message.RoutingKey, err)}
+}
+
+// suspect builds the copy of d for the suspected-duplicate queue.
+func (r *Router) suspect(d *idemq.Delivery, sde *SuspectedDuplicateError) idemq.Message {
+	queue := r.cfg.Queue
 	if queue == "" {
 		queue = d.Queue + ".suspected"
 	}
@@ -90,7 +133,7 @@ func route(ctx context.Context, cfg RouterConfig, d *idemq.Delivery, sde *Suspec
 	headers[idemq.HeaderOriginalQueue] = d.Queue
 	headers[idemq.HeaderOriginalExchange] = d.Exchange
 	headers[idemq.HeaderOriginalRoutingKey] = d.RoutingKey
-	msg := idemq.Message{
+	return idemq.Message{
 		ID:              suspectID(d, sde.Key),
 		RoutingKey:      queue,
 		Body:            d.Body,
@@ -105,16 +148,18 @@ func route(ctx context.Context, cfg RouterConfig, d *idemq.Delivery, sde *Suspec
 		Timestamp:       d.Timestamp,
 		Transient:       d.DeliveryMode == amqp.Transient,
 	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Timeout)
+}
+
+// timeoutSender bounds each publish (with its confirm).
+type timeoutSender struct {
+	s idemq.Sender
+	d time.Duration
+}
+
+func (t timeoutSender) Publish(ctx context.Context, m idemq.Message) error {
+	ctx, cancel := context.WithTimeout(ctx, t.d)
 	defer cancel()
-	log := cfg.Logger.With("key", sde.Key, "queue", queue)
-	if err := cfg.Publisher.Publish(pctx, msg); err != nil {
-		log.Warn("idemq: bloom: publishing a suspected duplicate failed; delivery requeued", "err", err, "after", cfg.RetryAfter)
-		return idemq.Requeue(cfg.RetryAfter, RequeueSuspectPublish, fmt.Errorf("bloom: route suspected duplicate %q to %q: %w", sde.Key, queue, err))
-	}
-	idemq.RecorderFrom(ctx).Add(CountSuspectedRouted, 1)
-	log.Warn("idemq: bloom: suspected duplicate moved to the suspected-duplicate queue for review")
-	return nil
+	return t.s.Publish(ctx, m)
 }
 
 // suspectID keeps the message ID; a delivery whose ID came from elsewhere

@@ -96,7 +96,8 @@ func declare(t *testing.T, names ...string) {
 func consume(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) *idemq.Counters {
 	t.Helper()
 	cfg.Logger = quietLog()
-	c, err := idemq.NewConsumer(cfg, h)
+	cfg.Pipeline.Handler = h
+	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +113,34 @@ func consume(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) *idemq.Cou
 		}
 	})
 	return c.Counters()
+}
+
+func guard(t *testing.T, store dedup.Store, cfg dedup.Config) *dedup.Guard {
+	t.Helper()
+	cfg.Store, cfg.Logger = store, quietLog()
+	g, err := dedup.NewGuard(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func router(t *testing.T, cfg bloom.RouterConfig) *bloom.Router {
+	t.Helper()
+	r, err := bloom.NewRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func retryPolicy(t *testing.T, cfg retry.Config) *retry.Policy {
+	t.Helper()
+	p, err := retry.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 func newPublisher(t *testing.T) *idemq.Publisher {
@@ -152,10 +181,8 @@ func TestSuspectRouterEndToEndNoSilentAck(t *testing.T) {
 			publishIDs(t, queue, all)
 			r := &runs{n: map[string]int{}}
 			cnt := consume(t, idemq.ConsumerConfig{URL: testenv.RequireAMQP(t), Queue: queue, Workers: 4, Prefetch: 50,
-				Middleware: []idemq.Middleware{
-					bloom.SuspectRouter(bloom.RouterConfig{Publisher: newPublisher(t), Logger: quietLog()}),
-					dedup.Guard(store, dedup.Config{Logger: quietLog()}),
-				}}, r.handler())
+				Pipeline: idemq.Pipeline{Policy: router(t, bloom.RouterConfig{Sender: newPublisher(t)}), Guard: guard(t, store, dedup.Config{})},
+			}, r.handler())
 			testenv.Eventually(t, e2eWait, "every message acked", func() bool { return cnt.Get(idemq.CountAcked) == n })
 
 			got := map[string]int{}
@@ -211,10 +238,8 @@ func TestSuspectWithoutRouterIsDeadLetteredWithReason(t *testing.T) {
 	publishIDs(t, queue, ids("dl", n))
 	r := &runs{n: map[string]int{}}
 	cnt := consume(t, idemq.ConsumerConfig{URL: testenv.RequireAMQP(t), Queue: queue, Workers: 2, Prefetch: 20,
-		Middleware: []idemq.Middleware{
-			retry.Policy(retry.Config{Publisher: newPublisher(t), Logger: quietLog()}),
-			dedup.Guard(store, dedup.Config{Logger: quietLog()}),
-		}}, r.handler())
+		Pipeline: idemq.Pipeline{Policy: retryPolicy(t, retry.Config{Sender: newPublisher(t)}), Guard: guard(t, store, dedup.Config{})},
+	}, r.handler())
 	testenv.Eventually(t, e2eWait, "every message acked", func() bool { return cnt.Get(idemq.CountAcked) == n })
 	dead := testenv.Drain(t, dlq)
 	for _, d := range dead {
@@ -245,7 +270,8 @@ func TestVerifierResolvesFalsePositivesEndToEnd(t *testing.T) {
 	publishIDs(t, queue, append(all, all...))
 	r := &runs{n: map[string]int{}}
 	cnt := consume(t, idemq.ConsumerConfig{URL: testenv.RequireAMQP(t), Queue: queue, Workers: 4, Prefetch: 50,
-		Middleware: []idemq.Middleware{dedup.Guard(store, dedup.Config{Logger: quietLog(), InFlightRetryAfter: 50 * time.Millisecond})}}, r.handler())
+		Pipeline: idemq.Pipeline{Guard: guard(t, store, dedup.Config{InFlightRetryAfter: 50 * time.Millisecond})},
+	}, r.handler())
 	testenv.Eventually(t, e2eWait, "every copy acked", func() bool { return cnt.Get(idemq.CountAcked) == 2*n })
 	got := r.snapshot()
 	for _, id := range all {

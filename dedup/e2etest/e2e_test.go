@@ -33,7 +33,7 @@ func TestPublisherResendsRunOnce(t *testing.T) {
 			tr := newTracker()
 			c, _ := runConsumer(t, idemq.ConsumerConfig{
 				Queue: queue, Workers: 4, Prefetch: 50,
-				Middleware: []idemq.Middleware{dedup.Guard(sk.new(t), dedup.Config{
+				Pipeline: idemq.Pipeline{Guard: mustGuard(sk.new(t), dedup.Config{
 					Logger: quiet(), InFlightRetryAfter: 100 * time.Millisecond,
 				})},
 			}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
@@ -112,7 +112,7 @@ func TestHandlerFailureAfterClaimIsRedelivered(t *testing.T) {
 		h, attempts, applied := failOnce()
 		publishIDs(t, queue, ids...)
 		c, _ := runConsumer(t, idemq.ConsumerConfig{
-			Queue: queue, Middleware: []idemq.Middleware{naiveSETNX(rdb, prefix)},
+			Queue: queue, Pipeline: idemq.Pipeline{Middleware: []idemq.Middleware{naiveSETNX(rdb, prefix)}},
 		}, h)
 		cnt := c.Counters()
 		// Each message: rejected once (dead-lettered back), then acked.
@@ -134,7 +134,7 @@ func TestHandlerFailureAfterClaimIsRedelivered(t *testing.T) {
 			h, _, applied := failOnce()
 			publishIDs(t, queue, ids...)
 			c, _ := runConsumer(t, idemq.ConsumerConfig{
-				Queue: queue, Middleware: []idemq.Middleware{dedup.Guard(sk.new(t), dedup.Config{Logger: quiet()})},
+				Queue: queue, Pipeline: idemq.Pipeline{Guard: mustGuard(sk.new(t), dedup.Config{Logger: quiet()})},
 			}, h)
 			cnt := c.Counters()
 			testenv.Eventually(t, wait, "every message applied", func() bool { return applied.total() == n })
@@ -181,7 +181,7 @@ func TestConcurrentDeliveriesOfOneID(t *testing.T) {
 			for _, rec := range []*idemq.Counters{&c1, &c2} {
 				runConsumer(t, idemq.ConsumerConfig{
 					Queue: queue, Group: "g", Prefetch: 1, Workers: 1, Recorder: rec,
-					Middleware: []idemq.Middleware{dedup.Guard(store, dedup.Config{
+					Pipeline: idemq.Pipeline{Guard: mustGuard(store, dedup.Config{
 						Logger: quiet(), InFlightRetryAfter: 200 * time.Millisecond,
 					})},
 				}, h)
@@ -217,7 +217,7 @@ func TestStoreUnavailable(t *testing.T) {
 		runs := newTracker()
 		c, _ := runConsumer(t, idemq.ConsumerConfig{
 			Queue: queue,
-			Middleware: []idemq.Middleware{dedup.Guard(store, dedup.Config{
+			Pipeline: idemq.Pipeline{Guard: mustGuard(store, dedup.Config{
 				Logger: quiet(), StoreRetryAfter: 200 * time.Millisecond,
 			})},
 		}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
@@ -257,7 +257,7 @@ func TestStoreUnavailable(t *testing.T) {
 		runs := newTracker()
 		c, _ := runConsumer(t, idemq.ConsumerConfig{
 			Queue:      queue,
-			Middleware: []idemq.Middleware{dedup.Guard(store, dedup.Config{Logger: quiet(), FailOpen: true})},
+			Pipeline: idemq.Pipeline{Guard: mustGuard(store, dedup.Config{Logger: quiet(), FailOpen: true})},
 		}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 			runs.add(d.MessageID)
 			return nil

@@ -36,9 +36,9 @@ const (
 // freezeLease is short, so a freeze past it takes a couple of seconds.
 const freezeLease = 2 * time.Second
 
-func freezeGuard(rdb redis.UniversalClient, prefix string) (*redisstore.Store, idemq.Middleware) {
+func freezeGuard(rdb redis.UniversalClient, prefix string) (*redisstore.Store, *dedup.Guard) {
 	st := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"})
-	return st, dedup.Guard(st, dedup.Config{Lease: freezeLease, Logger: quiet()})
+	return st, mustGuard(st, dedup.Config{Lease: freezeLease, Logger: quiet()})
 }
 
 // TestHelperFrozenConsumerProcess is not a test: it is the consumer process
@@ -66,9 +66,9 @@ func TestHelperFrozenConsumerProcess(t *testing.T) {
 		outcome(fmt.Sprintf("cancelled: %v (cause: %v)", err, context.Cause(ctx)))
 		return err
 	}
-	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
+	c, err := newConsumer(idemq.ConsumerConfig{
 		Queue: os.Getenv(envQueue), Group: "freeze", Prefetch: 1, Workers: 1, Logger: quiet(),
-		Middleware: []idemq.Middleware{guard},
+		Pipeline: idemq.Pipeline{Guard: guard},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		if err := os.WriteFile(os.Getenv(envMarker), []byte(d.MessageID), 0o644); err != nil {
 			t.Error(err)
@@ -192,7 +192,7 @@ func frozenPastLease(t *testing.T, mode string) {
 	publishIDs(t, queue, "transfer-1")
 	effect := prefix + ":effect"
 	c, _ := runConsumer(t, idemq.ConsumerConfig{
-		Queue: queue, Group: "freeze", Prefetch: 1, Workers: 1, Middleware: []idemq.Middleware{guard},
+		Queue: queue, Group: "freeze", Prefetch: 1, Workers: 1, Pipeline: idemq.Pipeline{Guard: guard},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		return rdb.Incr(ctx, effect).Err()
 	}))

@@ -35,6 +35,22 @@ var storeKinds = []storeKind{
 	}},
 }
 
+// newConsumer is idemq.NewConsumer with h as the pipeline's handler.
+func newConsumer(cfg idemq.ConsumerConfig, h idemq.Handler) (*idemq.Consumer, error) {
+	cfg.Pipeline.Handler = h
+	return idemq.NewConsumer(cfg)
+}
+
+// mustGuard is dedup.NewGuard over store; it panics on a bad config.
+func mustGuard(store dedup.Store, cfg dedup.Config) *dedup.Guard {
+	cfg.Store = store
+	g, err := dedup.NewGuard(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return g
+}
+
 // runConsumer starts a consumer, waits until it consumes and stops it at
 // cleanup (or when stop is called).
 func runConsumer(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) (*idemq.Consumer, func()) {
@@ -42,7 +58,7 @@ func runConsumer(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) (*idem
 	if cfg.Logger == nil {
 		cfg.Logger = quiet()
 	}
-	c, err := idemq.NewConsumer(cfg, h)
+	c, err := newConsumer(cfg, h)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,9 +27,9 @@ const (
 
 const killLease = 3 * time.Second
 
-func killGuard(rdb redis.UniversalClient, prefix string) (*redisstore.Store, idemq.Middleware) {
+func killGuard(rdb redis.UniversalClient, prefix string) (*redisstore.Store, *dedup.Guard) {
 	st := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"})
-	return st, dedup.Guard(st, dedup.Config{Lease: killLease, Logger: quiet()})
+	return st, mustGuard(st, dedup.Config{Lease: killLease, Logger: quiet()})
 }
 
 // TestHelperConsumerProcess is not a test: it is the consumer process that
@@ -46,8 +46,8 @@ func TestHelperConsumerProcess(t *testing.T) {
 	}
 	rdb := redis.NewClient(opt)
 	_, guard := killGuard(rdb, os.Getenv(envPrefix))
-	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		Queue: os.Getenv(envQueue), Group: "kill", Middleware: []idemq.Middleware{guard},
+	c, err := newConsumer(idemq.ConsumerConfig{
+		Queue: os.Getenv(envQueue), Group: "kill", Pipeline: idemq.Pipeline{Guard: guard},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		if err := os.WriteFile(os.Getenv(envMarker), []byte(d.MessageID), 0o644); err != nil {
 			t.Error(err)
@@ -106,7 +106,7 @@ func TestConsumerKilledMidHandler(t *testing.T) {
 	effect := prefix + ":effect"
 	var appliedAt time.Time
 	c, _ := runConsumer(t, idemq.ConsumerConfig{
-		Queue: queue, Group: "kill", Middleware: []idemq.Middleware{guard},
+		Queue: queue, Group: "kill", Pipeline: idemq.Pipeline{Guard: guard},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 		appliedAt = time.Now()
 		return rdb.Incr(ctx, effect).Err()

@@ -245,9 +245,13 @@ func consume(ctx context.Context, o consumeOpts) error {
 		return nil
 	})
 
+	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub}))
+	if err != nil {
+		return err
+	}
 	var handler idemq.Handler
+	var guard idemq.Layer
 	mws := []idemq.Middleware{
-		retry.Policy(retry.ForTopology(q, retry.Config{Publisher: pub, Logger: log})),
 		hook(func() { crash(crashBeforeAck) }, nil),
 		hook(nil, func() { crash(crashBeforeClaim) }),
 		requireID(),
@@ -263,7 +267,11 @@ func consume(ctx context.Context, o consumeOpts) error {
 		rc := redis.NewClient(opt)
 		defer rc.Close()
 		store := redisstore.New(rc, redisstore.Config{})
-		mws = append(mws, dedup.Guard(store, dedup.Config{Prefix: "bank", Lease: o.lease, Logger: log}))
+		g, err := dedup.NewGuard(dedup.Config{Store: store, Prefix: "bank", Lease: o.lease, Logger: log})
+		if err != nil {
+			return err
+		}
+		guard = g
 		probes = append(probes, dedup.Probe(store))
 		handler = ownTx
 	case "inbox":
@@ -284,9 +292,10 @@ func consume(ctx context.Context, o consumeOpts) error {
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		URL: o.amqpURL, Queue: o.queue, Group: "bank", Prefetch: o.prefetch, Workers: o.workers,
-		Setup: setup, Middleware: mws, Recorder: &counters, Logger: log,
+		Setup: setup, Recorder: &counters, Logger: log,
+		Pipeline:        idemq.Pipeline{Policy: policy, Middleware: mws, Guard: guard, Handler: handler},
 		ShutdownTimeout: 10 * time.Second, Breaker: idemq.BreakerConfig{Probes: probes},
-	}, handler)
+	})
 	if err != nil {
 		return err
 	}
@@ -385,7 +394,7 @@ func hook(after, before func()) idemq.Middleware {
 				before()
 			}
 			err := next.Handle(ctx, d)
-			if err == nil && after != nil {
+			if (err == nil || idemq.IsDuplicate(err)) && after != nil { // about to be acked
 				after()
 			}
 			return err

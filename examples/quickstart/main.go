@@ -48,8 +48,8 @@ func run() error {
 	var mu sync.Mutex
 	seen := map[string]int{}
 	got := make(chan struct{}, len(ids))
-	c, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: queue, Setup: setup, Logger: log},
-		idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: queue, Setup: setup, Logger: log,
+		Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 			mu.Lock()
 			seen[d.MessageID]++
 			n := seen[d.MessageID]
@@ -57,7 +57,7 @@ func run() error {
 			fmt.Printf("handled   %s (time %d)\n", d.MessageID, n)
 			got <- struct{}{}
 			return nil
-		}))
+		})}})
 	if err != nil {
 		return err
 	}

@@ -26,16 +26,27 @@ const group = "inboxtest"
 // quiet drops the consumer's logs: the failure tests fail on purpose.
 var quiet = slog.New(slog.DiscardHandler)
 
+// mustGuard is dedup.NewGuard; a bad config fails the test.
+func mustGuard(t testing.TB, cfg dedup.Config) *dedup.Guard {
+	t.Helper()
+	g, err := dedup.NewGuard(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
 // consume runs an idemq.Consumer on queue until the test ends (or stop is
 // called) and returns its counters.
 func consume(t testing.TB, queue string, h idemq.Handler, mod func(*idemq.ConsumerConfig)) (*idemq.Counters, func()) {
 	t.Helper()
 	rec := &idemq.Counters{}
 	cfg := idemq.ConsumerConfig{URL: testenv.RequireAMQP(t), Queue: queue, Group: group, Recorder: rec, AckFlushInterval: 5 * time.Millisecond, Logger: quiet}
+	cfg.Pipeline.Handler = h
 	if mod != nil {
 		mod(&cfg)
 	}
-	c, err := idemq.NewConsumer(cfg, h)
+	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,8 +248,8 @@ func HelperProcess[T any](t *testing.T, h Harness[T]) {
 	}
 	db := h.Open(t, os.Getenv(envDSN))
 	ib := newInbox(t, killAfterCommit[T]{wrapped[T]{db.Driver}}, inbox.Config{SkipMigrate: true}) // the parent migrated
-	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: testenv.AMQPURL(), Queue: os.Getenv(envQueue), Group: group, Workers: 1, Prefetch: 1, Logger: quiet},
-		ib.Handler(effect(db.Driver)))
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: testenv.AMQPURL(), Queue: os.Getenv(envQueue), Group: group, Workers: 1, Prefetch: 1, Logger: quiet,
+		Pipeline: idemq.Pipeline{Handler: ib.Handler(effect(db.Driver))}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +334,7 @@ func testFastPath[T any](t *testing.T, h Harness[T]) {
 	run := func(store dedup.Store, msgs []string, want int64) *idemq.Counters {
 		t.Helper()
 		rec, stop := consume(t, q, ib.Handler(effect(e.db.Driver)), func(c *idemq.ConsumerConfig) {
-			c.Middleware = []idemq.Middleware{dedup.Guard(store, dedup.Config{})}
+			c.Pipeline.Guard = mustGuard(t, dedup.Config{Store: store})
 		})
 		publishIDs(t, q, msgs...)
 		waitCount(t, "deliveries acked", want, rec)
@@ -374,7 +385,7 @@ func testSharedID[T any](t *testing.T, h Harness[T]) {
 		c.ID = idemq.IDConfig{FallbackHeader: "x-order"}
 		// Copies arrive together: the second waits for the first's
 		// lease; don't make it wait the whole default lease.
-		c.Middleware = []idemq.Middleware{dedup.Guard(store, dedup.Config{InFlightRetryAfter: 100 * time.Millisecond})}
+		c.Pipeline.Guard = mustGuard(t, dedup.Config{Store: store, InFlightRetryAfter: 100 * time.Millisecond})
 	})
 	var msgs []amqp.Publishing
 	for _, id := range copies(list, 2) {

@@ -220,7 +220,7 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 	// without running the handler.
 	hd := ib.Handler(effect(e.db.Driver))
 	for i := 0; i < 3; i++ {
-		if err := hd.Handle(ctx, delivery("m1")); err != nil {
+		if err := serve(ctx, hd, delivery("m1")); err != nil {
 			t.Fatalf("delivery %d: %v", i, err)
 		}
 	}
@@ -231,7 +231,7 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 	// Another group processes the same ID once more: rows are per group.
 	other := delivery("m1")
 	other.Group = "other"
-	if err := hd.Handle(ctx, other); err != nil {
+	if err := serve(ctx, hd, other); err != nil {
 		t.Fatal(err)
 	}
 	e.wantBalances(2*Amount, "m1")
@@ -249,7 +249,7 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 		}
 		return nil
 	})
-	err := failing.Handle(ctx, delivery("m2"))
+	err := serve(ctx, failing, delivery("m2"))
 	var re *idemq.RequeueError
 	if !errors.Is(err, boom) || !errors.As(err, &re) {
 		t.Fatalf("handler error not returned unchanged: %v", err)
@@ -259,7 +259,7 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 		t.Fatalf("inbox row of a rolled-back delivery survived (%d)", n)
 	}
 	fail = false
-	if err := failing.Handle(ctx, delivery("m2")); err != nil {
+	if err := serve(ctx, failing, delivery("m2")); err != nil {
 		t.Fatal(err)
 	}
 	e.wantBalances(Amount, "m2")
@@ -310,7 +310,7 @@ func testBadIDs[T any](t *testing.T, h Harness[T]) {
 		{"rule gives bad id", byHeader, byRule(&idemq.Delivery{Group: "g", Headers: amqp.Table{"order": "\n"}}), idemq.ReasonInvalidID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.h.Handle(ctx, tc.d)
+			err := serve(ctx, tc.h, tc.d)
 			var rej *idemq.RejectError
 			if !errors.As(err, &rej) || rej.Reason != tc.reason {
 				t.Fatalf("got %v, want a reject with reason %s", err, tc.reason)
@@ -327,7 +327,7 @@ func testBadIDs[T any](t *testing.T, h Harness[T]) {
 	// but one business key run once.
 	for _, mid := range []string{"amqp-1", "amqp-2"} {
 		d := byRule(&idemq.Delivery{MessageID: mid, Group: "g", Headers: amqp.Table{"order": "7"}})
-		if err := byHeader.Handle(ctx, d); err != nil {
+		if err := serve(ctx, byHeader, d); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -379,10 +379,10 @@ func testRowRefused[T any](t *testing.T, h Harness[T]) {
 	}
 
 	// The single handler.
-	if err := ib.Handler(hf).Handle(ctx, delivery(RefusedID)); err == nil {
+	if err := serve(ctx, ib.Handler(hf), delivery(RefusedID)); err == nil {
 		t.Errorf("single: a delivery whose inbox row the database refused returned nil (acked; handler ran %d times), want an error", ran[RefusedID])
 	}
-	if err := ib.Handler(hf).Handle(ctx, delivery("ok-1")); err != nil {
+	if err := serve(ctx, ib.Handler(hf), delivery("ok-1")); err != nil {
 		t.Fatalf("single ok-1: %v", err)
 	}
 	if d := rec.Get(idemq.CountDuplicates); d != 0 {
@@ -408,7 +408,7 @@ func testRowRefused[T any](t *testing.T, h Harness[T]) {
 	}
 	// A batch of the refused row alone (the fast path's single insert).
 	b1 := ib.Batch(hf, inbox.BatchConfig{Size: 1, MaxWait: time.Minute})
-	if err := b1.Handle(ctx, delivery(RefusedID)); err == nil {
+	if err := serve(ctx, b1, delivery(RefusedID)); err == nil {
 		t.Errorf("batch of one: a delivery whose inbox row the database refused returned nil (acked), want an error")
 	}
 	e.wantBalances(0, RefusedID)
@@ -451,13 +451,13 @@ func testConcurrent[T any](t *testing.T, h Harness[T], commit bool) {
 		return effect(e.db.Driver)(ctx, tx, d)
 	})
 	res1, res2 := make(chan error, 1), make(chan error, 1)
-	go func() { res1 <- first.Handle(ctx, delivery("c1")) }()
+	go func() { res1 <- serve(ctx, first, delivery("c1")) }()
 	select {
 	case <-started:
 	case err := <-res1:
 		t.Fatalf("first delivery ended early: %v", err)
 	}
-	go func() { res2 <- second.Handle(ctx, delivery("c1")) }()
+	go func() { res2 <- serve(ctx, second, delivery("c1")) }()
 	if e.db.LockWaiters != nil {
 		testenv.Eventually(t, wait, "the second delivery to wait on the first's row lock", func() bool {
 			n, err := e.db.LockWaiters(ctx)
@@ -506,13 +506,13 @@ func testPurge[T any](t *testing.T, h Harness[T]) {
 	nop := ib.Handler(func(context.Context, T, *idemq.Delivery) error { return nil })
 	ctx := ctxT(t)
 	for _, id := range ids("old", 25) {
-		if err := nop.Handle(ctx, delivery(id)); err != nil {
+		if err := serve(ctx, nop, delivery(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	now.Store(t0.Add(2 * time.Hour).UnixNano())
 	for _, id := range ids("new", 5) {
-		if err := nop.Handle(ctx, delivery(id)); err != nil {
+		if err := serve(ctx, nop, delivery(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -538,12 +538,27 @@ func testPurge[T any](t *testing.T, h Harness[T]) {
 
 // handleAll calls b.Handle for each delivery concurrently (as the
 // consumer's workers do) and returns the results by message ID.
+// serve runs h on d and does with the outcome what the consumer does:
+// counts a processed delivery (nil) or a duplicate (idemq.ErrDuplicate,
+// acked: nil) into the context's recorder.
+func serve(ctx context.Context, h idemq.Handler, d *idemq.Delivery) error {
+	err := h.Handle(ctx, d)
+	switch {
+	case err == nil:
+		idemq.RecorderFrom(ctx).Add(idemq.CountProcessed, 1)
+	case idemq.IsDuplicate(err):
+		idemq.RecorderFrom(ctx).Add(idemq.CountDuplicates, 1)
+		return nil
+	}
+	return err
+}
+
 func handleAll(ctx context.Context, b idemq.Handler, ds ...*idemq.Delivery) []error {
 	errs := make([]error, len(ds))
 	var wg sync.WaitGroup
 	for i, d := range ds {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = b.Handle(ctx, d) }()
+		go func() { defer wg.Done(); errs[i] = serve(ctx, b, d) }()
 	}
 	wg.Wait()
 	return errs
@@ -702,7 +717,7 @@ func testBatchOutcomes[T any](t *testing.T, h Harness[T]) {
 			}
 			ctx := ctxT(t)
 			for _, id := range tc.committed {
-				if err := ib.Handler(effect(e.db.Driver)).Handle(ctx, delivery(key(id))); err != nil {
+				if err := serve(ctx, ib.Handler(effect(e.db.Driver)), delivery(key(id))); err != nil {
 					t.Fatalf("commit %s before the batch: %v", id, err)
 				}
 			}

@@ -105,14 +105,14 @@ func TestRefusedRowIsNotDuplicate(t *testing.T) {
 			var rec idemq.Counters
 			rctx := idemq.WithRecorder(ctx, &rec)
 			for _, id := range tc.ids {
-				check("single", id, ib.Handler(h).Handle(rctx, &idemq.Delivery{MessageID: id, Group: "g"}))
+				check("single", id, serve(rctx, ib.Handler(h), &idemq.Delivery{MessageID: id, Group: "g"}))
 			}
 			b := ib.Batch(h, inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
 			ds := []*idemq.Delivery{{MessageID: tc.ids[0], Group: "g"}, {MessageID: "fine", Group: "g"}, {MessageID: tc.ids[1], Group: "g"}}
 			errs := make([]error, len(ds))
 			var wg sync.WaitGroup
 			for i, d := range ds {
-				wg.Go(func() { errs[i] = b.Handle(rctx, d) })
+				wg.Go(func() { errs[i] = serve(rctx, b, d) })
 			}
 			wg.Wait()
 			check("batch", tc.ids[0], errs[0])
@@ -125,6 +125,21 @@ func TestRefusedRowIsNotDuplicate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serve runs h on d and does with the outcome what the consumer does:
+// counts a processed delivery (nil) or a duplicate (idemq.ErrDuplicate,
+// acked: nil) into the context's recorder.
+func serve(ctx context.Context, h idemq.Handler, d *idemq.Delivery) error {
+	err := h.Handle(ctx, d)
+	switch {
+	case err == nil:
+		idemq.RecorderFrom(ctx).Add(idemq.CountProcessed, 1)
+	case idemq.IsDuplicate(err):
+		idemq.RecorderFrom(ctx).Add(idemq.CountDuplicates, 1)
+		return nil
+	}
+	return err
 }
 
 // TestClientFoundRows: the inbox's duplicate detection does not depend on
@@ -143,7 +158,7 @@ func TestClientFoundRows(t *testing.T) {
 	var rec idemq.Counters
 	rctx := idemq.WithRecorder(ctx, &rec)
 	for range 2 {
-		if err := ib.Handler(h).Handle(rctx, &idemq.Delivery{MessageID: "m", Group: "g"}); err != nil {
+		if err := serve(rctx, ib.Handler(h), &idemq.Delivery{MessageID: "m", Group: "g"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -151,7 +166,7 @@ func TestClientFoundRows(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, id := range []string{"m", "n"} {
 		wg.Go(func() {
-			if err := b.Handle(rctx, &idemq.Delivery{MessageID: id, Group: "g"}); err != nil {
+			if err := serve(rctx, b, &idemq.Delivery{MessageID: id, Group: "g"}); err != nil {
 				t.Error(err)
 			}
 		})

@@ -76,14 +76,19 @@ func newFixture(t *testing.T, n int) *fixture {
 }
 
 // policy is the failure policy under test: few attempts, short delays.
-func (f *fixture) policy() idemq.Middleware {
-	return retry.Policy(retry.ForTopology(f.q, retry.Config{Publisher: f.pub, QuickAttempts: 3, MaxAttempts: 3, Logger: logger()}))
+func (f *fixture) policy() idemq.FailurePolicy {
+	p, err := retry.New(retry.ForTopology(f.q, retry.Config{Sender: f.pub, QuickAttempts: 3, MaxAttempts: 3}))
+	if err != nil {
+		panic(err)
+	}
+	return p
 }
 
 // run starts the consumer and stops it at cleanup.
 func run(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) *idemq.Consumer {
 	t.Helper()
-	c, err := idemq.NewConsumer(cfg, h)
+	cfg.Pipeline.Handler = h
+	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +182,7 @@ func TestPostgresOutageDeadLettersNothing(t *testing.T) {
 	})
 	var counters idemq.Counters
 	cfg := idemq.ConsumerConfig{Queue: f.q.Name, Prefetch: 20, Workers: 4, Recorder: &counters, Logger: logger(),
-		Middleware: []idemq.Middleware{f.policy()}}
+		Pipeline: idemq.Pipeline{Policy: f.policy()}}
 	configureBreaker(&cfg, ib.Probe)
 	run(t, cfg, h)
 
@@ -236,10 +241,14 @@ func TestRedisOutageDeadLettersNothing(t *testing.T) {
 		return nil
 	})
 	distinct := func() int { mu.Lock(); defer mu.Unlock(); return len(applied) }
+	guard, err := dedup.NewGuard(dedup.Config{Store: store, Prefix: "outage", Lease: 5 * time.Second,
+		StoreTimeout: time.Second, Logger: logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var counters idemq.Counters
 	cfg := idemq.ConsumerConfig{Queue: f.q.Name, Prefetch: 20, Workers: 4, Recorder: &counters, Logger: logger(),
-		Middleware: []idemq.Middleware{f.policy(), dedup.Guard(store, dedup.Config{Prefix: "outage", Lease: 5 * time.Second,
-			StoreTimeout: time.Second, Logger: logger()})}}
+		Pipeline: idemq.Pipeline{Policy: f.policy(), Guard: guard}}
 	configureBreaker(&cfg, dedup.Probe(store))
 	run(t, cfg, h)
 

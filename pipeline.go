@@ -1,0 +1,65 @@
+package idemq
+
+import "errors"
+
+// Pipeline is what a [Consumer] runs for each delivery, as data: each part
+// has a fixed place, so the order of the layers of defence is enforced
+// rather than described.
+//
+//	Policy      decides what happens after the chain ran (FailurePolicy):
+//	            ack, run again, requeue, publish (retry, dead letter), reject;
+//	            the consumer carries the decision out
+//	Middleware  your layers (metrics, tracing, logging, hooks), first outermost
+//	Guard       the dedup guard (claim → … → complete | release)
+//	            [handler deadline: HandlerTimeout, the ConsumerTimeout bound]
+//	            [Recover: a panic becomes a *PanicError]
+//	Handler     the effect: your handler, or an inbox's
+//
+// The failure policy is not a middleware: nothing can be put outside it,
+// so the guard's and the inbox's deferrals and rejections always reach it,
+// and the guard is always inside it. Recover is innermost, so every layer
+// (the guard releasing its claim, the inbox rolling back) sees a panic as
+// an error; a panic in a middleware is caught by the consumer too.
+type Pipeline struct {
+	// Policy is the failure policy (retry.New). Default [BasePolicy]: no
+	// republish, failures rejected, deferrals and outages given back.
+	Policy FailurePolicy
+	// Middleware wraps the guard and the handler; the first is the
+	// outermost. Optional.
+	Middleware []Middleware
+	// Guard is the dedup layer (dedup.NewGuard). Optional.
+	Guard Layer
+	// Handler is the effect. Required.
+	Handler Handler
+}
+
+// Layer is a layer of defence with a fixed place in a [Pipeline] (the dedup
+// guard): it wraps the handler below it.
+type Layer interface {
+	Wrap(next Handler) Handler
+}
+
+// ErrNoHandler is returned for a [Pipeline] without a Handler.
+var ErrNoHandler = errors.New("idemq: Pipeline.Handler is required")
+
+// Validate reports a pipeline that cannot run: no handler.
+func (p Pipeline) Validate() error {
+	if p.Handler == nil {
+		return ErrNoHandler
+	}
+	return nil
+}
+
+// chain builds the handler chain below the policy: middleware → guard →
+// inner(Recover → handler). inner wraps the recovered handler (the
+// consumer's deadline).
+func (p Pipeline) chain(inner func(Handler) Handler) Handler {
+	h := Recover()(p.Handler)
+	if inner != nil {
+		h = inner(h)
+	}
+	if p.Guard != nil {
+		h = p.Guard.Wrap(h)
+	}
+	return Chain(h, p.Middleware...)
+}

@@ -1,0 +1,168 @@
+package idemq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+
+	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/acker"
+)
+
+// process runs one delivery: the failure policy decides (after as many runs
+// of the chain as it wants), the executor carries the decision out.
+func (c *Consumer) process(ctx context.Context, x *executor, j job) {
+	if c.expired(ctx, x, j) {
+		return
+	}
+	defer c.watch.track(j.del)()
+	dec := c.decide(ctx, j.del)
+	x.carry(ctx, j.del, j.d.DeliveryTag, dec)
+}
+
+// decide asks the policy to admit d, runs the chain, and asks the policy
+// what next until it stops asking for another run.
+func (c *Consumer) decide(ctx context.Context, d *Delivery) Decision {
+	if dec, ok := c.policy.Admit(d); !ok {
+		return dec
+	}
+	for n := 1; ; n++ {
+		err := c.run(ctx, d)
+		if err != nil && !IsDuplicate(err) {
+			c.rec.Add(CountFailed, 1)
+		}
+		dec := c.policy.Decide(d, Run{Err: err, N: n, Stopping: ctx.Err() != nil})
+		if dec.Action == ActionRunAgain && backoff.Sleep(ctx, dec.Delay) != nil {
+			// Stopping during the pause: decide without running again.
+			dec = c.policy.Decide(d, Run{Err: err, N: n, Stopping: true})
+		}
+		if dec.Action != ActionRunAgain {
+			c.brk.report(err)
+			return dec
+		}
+	}
+}
+
+// run runs the chain once. A panic in a layer outside Recover (a
+// middleware, the guard) is a failed run, not a dead worker.
+func (c *Consumer) run(ctx context.Context, d *Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+		var pe *PanicError
+		if errors.As(err, &pe) {
+			c.rec.Add(CountPanics, 1)
+			c.log.Error("idemq: handler panicked", "message_id", d.LogID(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+		}
+	}()
+	return c.handler.Handle(ctx, d)
+}
+
+// executor carries out decisions on one channel: it publishes what a
+// decision says to publish (waiting for the broker's confirm), then acks;
+// or nacks, at once or after a delay. It counts every outcome. It is the
+// only place that settles a delivery.
+type executor struct {
+	ack    *acker.Acker
+	rq     *acker.Requeuer
+	policy FailurePolicy
+	rec    Recorder
+	log    *slog.Logger
+}
+
+// maxPublishFallbacks bounds the decisions taken after failed publishes
+// for one delivery (a policy's PublishFailed always moves towards a
+// settle; this is a backstop against a policy that would not).
+const maxPublishFallbacks = 4
+
+// errNoSender is the publish error of a decision without a Sender.
+var errNoSender = errors.New("idemq: decision to publish without a message or a sender")
+
+func (x *executor) carry(ctx context.Context, d *Delivery, tag uint64, dec Decision) {
+	for tries := 0; dec.Action == ActionPublish; tries++ {
+		err := errNoSender
+		if dec.Sender != nil && dec.Message != nil {
+			err = dec.Sender.Publish(ctx, *dec.Message)
+		}
+		if err == nil {
+			break
+		}
+		next := x.policy.PublishFailed(d, dec, err)
+		if tries >= maxPublishFallbacks && next.Action == ActionPublish {
+			next = Decision{Action: ActionRequeue, Outcome: OutcomeDeferred, Reason: "publish-failed", Err: err}
+		}
+		lvl := slog.LevelWarn
+		if next.Action == ActionReject || next.Outcome == OutcomeDeadLettered {
+			lvl = slog.LevelError
+		}
+		x.log.Log(ctx, lvl, "idemq: publish for a delivery failed; deciding again",
+			"message_id", d.LogID(), "decided", dec.String(), "now", next.String(), "err", err)
+		dec = next
+	}
+	if ctx.Err() != nil && dec.Action == ActionRequeue {
+		dec.Delay = 0 // shutting down or the channel is gone: give it back at once
+	}
+	x.settle(ctx, d, tag, dec)
+}
+
+// settle acks or nacks the delivery as dec says and counts its outcome.
+func (x *executor) settle(ctx context.Context, d *Delivery, tag uint64, dec Decision) {
+	switch dec.Action {
+	case ActionAck, ActionPublish: // a publish here was confirmed
+		x.rec.Add(CountAcked, 1)
+		_ = x.ack.Ack(tag)
+	case ActionReject:
+		x.log.Warn("idemq: delivery rejected without requeue",
+			"message_id", d.LogID(), "reason", dec.Reason, "err", dec.Err)
+		_ = x.ack.Nack(tag, false)
+	default: // ActionRequeue (ActionRunAgain never gets here)
+		x.log.Debug("idemq: delivery given back for later", "message_id", d.LogID(),
+			"after", dec.Delay, "reason", dec.Reason, "err", dec.Err)
+		x.rq.Later(tag, dec.Delay)
+	}
+	x.count(d, dec)
+}
+
+// count records dec's outcome (the requeuer counts the nack itself).
+func (x *executor) count(d *Delivery, dec Decision) {
+	published := dec.Action == ActionPublish
+	switch dec.Outcome {
+	case OutcomeProcessed:
+		x.rec.Add(CountProcessed, 1)
+	case OutcomeDuplicate:
+		x.rec.Add(CountDuplicates, 1)
+	case OutcomeRetried, OutcomeDeferred:
+		if published {
+			x.rec.Add(CountRetried, 1)
+		}
+		if dec.Outcome == OutcomeRetried && published {
+			x.log.Info("idemq: delivery failed; retrying later", "message_id", d.LogID(),
+				"attempt", dec.Attempt, "queue", dec.Message.RoutingKey, "err", dec.Err)
+		}
+	case OutcomeUnavailable:
+		x.rec.Add(CountUnavailable, 1)
+		if published {
+			x.rec.Add(CountRetried, 1)
+		}
+	case OutcomeDeadLettered:
+		if !published {
+			break
+		}
+		x.rec.Add(CountDeadLettered, 1)
+		x.log.Warn("idemq: delivery dead-lettered", "message_id", d.LogID(), "queue", d.Queue,
+			"dlq", dec.Message.RoutingKey, "reason", dec.Reason, "attempts", dec.Attempt, "err", dec.Err)
+	case OutcomeRejected:
+		x.rec.Add(CountRejected, 1)
+	case OutcomeRouted:
+		if published {
+			x.log.Warn("idemq: delivery set aside for review", "message_id", d.LogID(),
+				"queue", dec.Message.RoutingKey, "reason", dec.Reason)
+		}
+	}
+	for _, name := range dec.Counters {
+		x.rec.Add(name, 1)
+	}
+}
