@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
 )
 
 // Handler time limits, and the broker's consumer_timeout.

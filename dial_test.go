@@ -61,7 +61,7 @@ func TestDialErrorsDoNotShowThePassword(t *testing.T) {
 
 			c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: u, Queue: "q", Logger: log,
 				Reconnect: backoff.Policy{Min: time.Millisecond, Max: time.Millisecond},
-				Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })}})
+				Pipeline:  idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })}})
 			if err != nil {
 				if showsSecret(err.Error(), secret) {
 					t.Fatalf("NewConsumer error shows the password: %v", err)

@@ -46,7 +46,7 @@ var testNow = time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
 // 1s (MaxAttempts 3), a quorum DeliveryLimit of 10, a fixed clock.
 func testConfig(s idemq.Sender) Config {
 	return Config{Sender: s, QuickAttempts: 3, Delays: []time.Duration{100 * time.Millisecond, time.Second},
-		QuickBackoff: backoff.Policy{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond, NoJitter: true},
+		QuickBackoff:  backoff.Policy{Min: 10 * time.Millisecond, Max: 200 * time.Millisecond, NoJitter: true},
 		DeliveryLimit: 10, Now: func() time.Time { return testNow }}
 }
 

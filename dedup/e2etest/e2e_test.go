@@ -256,7 +256,7 @@ func TestStoreUnavailable(t *testing.T) {
 		publishIDs(t, queue, "job-1")
 		runs := newTracker()
 		c, _ := runConsumer(t, idemq.ConsumerConfig{
-			Queue:      queue,
+			Queue:    queue,
 			Pipeline: idemq.Pipeline{Guard: mustGuard(store, dedup.Config{Logger: quiet(), FailOpen: true})},
 		}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 			runs.add(d.MessageID)
