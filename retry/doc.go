@@ -1,75 +1,121 @@
-// Package retry is idemq's failure policy: a middleware that decides what
-// happens to a delivery whose handler failed, without ever looping it through
+// Package retry is idemq's failure policy: it decides what happens to a
+// delivery whose handler chain failed, without ever looping it through
 // nack(requeue=true).
 //
-//	nil                          → nil (the consumer acks)
-//	idemq.Permanent / Reject     → dead-letter queue with the error's reason
-//	                               (permanent, missing-id, invalid-id,
-//	                               unparseable, …), then nil
-//	*idemq.RequeueError          → republished to the smallest retry queue
-//	                               whose delay is >= After, the attempt count
-//	                               unchanged, then nil (see below); with
-//	                               InPlace returned unchanged — the consumer
-//	                               requeues it after After — while its
-//	                               x-delivery-count is below half the
-//	                               DeliveryLimit
-//	any other error (transient)  → QuickAttempts in-process tries with a short
-//	                               backoff; then republished to the retry
-//	                               queue of this attempt (header
-//	                               x-idemq-attempt = next attempt), then nil;
-//	                               after MaxAttempts → dead-letter queue with
-//	                               reason max-attempts
-//	x-delivery-count >= DeliveryLimit (quorum queues; the broker counts
-//	redeliveries after crashes and requeues)
-//	                             → dead-letter queue with reason
-//	                               delivery-limit, before the handler runs
+// # Decisions, then effects
 //
-// Order: every republish waits for the broker's confirm (idemq.Publisher)
-// BEFORE the middleware returns nil and the consumer acks the original. A
-// crash in between duplicates a retry or a dead letter (same message ID: the
-// dedup guard sees one message); it never loses one. When the republish
-// fails for a reason that passes (the connection is down, a confirm timed
-// out) the middleware returns idemq.Requeue(PublishRetryAfter,
-// "retry-publish-failed", err): the consumer does not ack, it puts the
-// delivery back after the delay and the decision is taken again.
+// [Policy] implements idemq.FailurePolicy. Its methods are pure functions
+// of the delivery, the run and the config: they return an idemq.Decision
+// value and do nothing else. The consumer's executor carries the decision
+// out — publishes the message the decision names through the Sender,
+// waits for the broker's confirm, then acks the delivery; or nacks it, at
+// once or after a delay — and counts the outcome. So the whole policy is
+// table-tested without a broker (decide_test.go), and what the broker
+// does with each kind of decision is tested against a real one.
 //
-// A republish that can never succeed is a permanent failure, never a loop:
+// Decide, after a run of the handler chain:
 //
-//	retry, no valid message ID    → dead-letter queue, reason missing-id /
-//	                                invalid-id (a retry must keep its ID)
-//	retry queue missing (returned → dead-letter queue, reason handler-error
-//	unroutable), headers invalid
-//	or too large
-//	dead letter too large         → sent again with only the message's own
-//	                                headers, x-idemq-reason and -attempts
-//	dead letter unroutable (DLQ   → idemq.Reject: the consumer nacks without
-//	deleted), invalid, still too    requeue, the broker's dead-letter
-//	large                           exchange (if any) takes it; an error log
-//	                                line and the counter retry_unpublishable
-//	no dead-letter queue          → idemq.Reject likewise (counter
-//	(topology dlq: "-")             retry_no_dlq): no DLQ means no DLQ
+//	nil, idemq.ErrDuplicate       → ack
+//	a dependency unavailable      → given back in place after its After
+//	(idemq.IsUnavailable)           (UnavailableRetryAfter by default), not an
+//	                                attempt: x-idemq-attempt unchanged, no
+//	                                quick retry, never dead-lettered
+//	any other error, run <        → run the chain again after QuickBackoff
+//	QuickAttempts                   (in process)
+//	the consumer is stopping      → given back at once (no decision now)
+//	idemq.Permanent / Reject      → dead-letter queue with the error's reason
+//	                                (permanent, missing-id, invalid-id,
+//	                                unparseable, …)
+//	*idemq.RequeueError           → a deferral, not an attempt (see below)
+//	attempt >= MaxAttempts, or    → dead-letter queue, reason max-attempts
+//	no Delays
+//	otherwise                     → the retry queue of this attempt, with
+//	                                x-idemq-attempt = attempt+1
 //
-// A deferral (RequeueError) is never dead-lettered for a failed republish:
-// it waits in place and the layer that deferred it decides again.
-// [NewPolicy] ([Config.Validate]) refuses, at startup, delays without their
+// Admit, before the chain runs, drops forged headers (below) and
+// dead-letters, with reason delivery-limit, a delivery whose
+// x-delivery-count reached DeliveryLimit (quorum queues count
+// redeliveries after crashes and requeues; the policy acts one delivery
+// before the broker would drop the message without idemq's headers).
+//
+// PublishFailed, when the executor could not publish what a decision said:
+//
+//	retry, unpublishable (retry   → dead-letter queue, reason handler-error
+//	queue missing, headers
+//	invalid or too large)
+//	dead letter too large         → the same dead letter with only the
+//	                                message's own headers, x-idemq-reason and
+//	                                x-idemq-attempts
+//	dead letter unpublishable     → rejected to the broker (nack without
+//	(DLQ deleted, still too         requeue: its dead-letter exchange, if any,
+//	large, invalid)                 takes it), counter retry_unpublishable
+//	deferral, any failure         → waits in place for its After; the layer
+//	                                that deferred it decides again
+//	anything else (the connection → waits in place PublishRetryAfter, then
+//	is down, a confirm timed out)   the decision is taken again
+//
+// A republish that can never succeed is therefore a permanent failure,
+// never a loop; a deferral is never dead-lettered for a failed republish.
+// A delivery whose message ID is missing or invalid cannot be retried
+// under its own ID (the dedup guard keys on it): it is dead-lettered
+// (missing-id / invalid-id), and its dead letter gets a fresh ID with the
+// original, if any, in x-idemq-original-message-id. Without a dead-letter
+// queue (topology dlq: "-") a delivery that fails for good is rejected to
+// the broker (counter retry_no_dlq): no DLQ means no DLQ.
+//
+// # Order
+//
+// Every republish is confirmed by the broker BEFORE the delivery is acked.
+// A crash in between duplicates a retry or a dead letter (same message ID:
+// the dedup guard sees one message); it never loses one. The policy is not
+// a middleware: it sits in idemq.Pipeline.Policy, outside every layer, so
+// the dedup guard's and the inbox's deferrals and rejections always reach
+// it. [New] ([Config.Validate]) refuses, at startup, delays without their
 // retry queue and a dead-letter queue the topology does not declare.
 //
+// # Deferrals
+//
+// A RequeueError (the dedup guard's store is unavailable, a suspect publish
+// failed) is republished to the smallest retry queue whose delay is >=
+// After, with x-idemq-requeues incremented and the attempt count
+// unchanged, so the consumer's prefetch is not filled with parked
+// deliveries and a long outage does not run up the quorum delivery count.
+// With InPlace (the guard: another consumer holds the lease, or a lease
+// was lost), without a Sender or without retry queues it stays in its
+// queue: the consumer nacks it with requeue after After, without holding a
+// worker. A requeue counts as a delivery on quorum queues (RabbitMQ 3.x),
+// so an in-place deferral whose x-delivery-count has reached half the
+// DeliveryLimit is republished (confirmed, then acked) to the work queue
+// itself, which starts the count again — not to a retry queue: RabbitMQ
+// dead-letters out of a TTL queue at most once, so a message that expires
+// there while the broker restarts can be dropped (see
+// docs/GUARANTEES.md). That is why in-flight deferrals stay in place.
+//
+// # Headers
+//
 // Inbound x-idemq-* headers are trusted only on a delivery that came back
-// through idemq's own path ([FromRetryPath]: default exchange, its own queue
-// as routing key, and the x-idemq-queue marker with x-idemq-attempt or
-// x-idemq-requeues). On any other delivery the policy drops them before it
-// reads them, so the original exchange and routing key it records are the
-// delivery's own, a forged attempt count uses up nothing, and a forged
-// route cannot steer a replay. Every x-idemq-* header it writes is bounded
-// (the error text by ErrorTextLimit, at most [MaxErrorTextLimit]; the
-// others at 255 bytes), so what it adds stays a few KiB below frame_max.
+// through idemq's own path ([FromRetryPath]: default exchange, its own
+// queue as routing key, and the x-idemq-queue marker with x-idemq-attempt
+// or x-idemq-requeues). On any other delivery Admit drops them, so the
+// original exchange and routing key recorded are the delivery's own, a
+// forged attempt count uses up nothing, and a forged route cannot steer a
+// replay. Every x-idemq-* header the policy writes is bounded (the error
+// text by ErrorTextLimit, at most [MaxErrorTextLimit]; the others at 255
+// bytes), so what it adds stays a few KiB below frame_max. The names are
+// idemq.Header* (one file, headers.go in the root package).
 //
 // Decisions rest on two counters only: x-idemq-attempt, which the policy
 // rewrites on every hop (a missing or garbage value counts as attempt 1, so
 // it can reset the count at most once), and the broker's own
 // x-delivery-count. The broker's x-death header is parsed defensively
-// ([ParseXDeath]) for diagnostics and for the CLI (why and from where the
-// broker dead-lettered a message); its counts are never used to decide.
+// ([ParseXDeath]) for diagnostics and for the CLI; its counts are never
+// used to decide.
+//
+// The message ID, body, content type and headers are kept on every
+// republish; the per-message expiration is dropped (it would fire inside a
+// retry queue) and the broker's x-delivery-count header is removed.
+//
+// # Topology
 //
 // Retry queues are per-delay queues "<queue>.retry.<ms>" with x-message-ttl
 // and a dead-letter route back to the work queue; the dead-letter queue is
@@ -77,39 +123,9 @@
 // ([topology.ForQueue]); use [ForTopology] to configure the policy from the
 // same declaration that creates the queues.
 //
-// A RequeueError (the dedup guard's store is unavailable) is republished to
-// a retry queue rather than held and nacked, so the consumer's prefetch is
-// not filled with parked deliveries and a long outage does not run up the
-// quorum delivery count; it carries x-idemq-requeues (how many times) but
-// does not count as an attempt. With InPlace (the guard: another consumer
-// holds the lease), no Publisher or no retry queue it is returned unchanged
-// and the consumer requeues it after After, without holding a worker. A
-// requeue counts as a delivery on quorum queues (RabbitMQ 3.x), so an
-// in-place deferral whose x-delivery-count has reached half the
-// DeliveryLimit is republished (confirmed, then acked) to the work queue
-// itself, which starts the count again, rather than pushed towards the
-// limit — not to a retry queue, whose dead-lettering a broker restart can
-// drop.
-//
-// Retry queues dead-letter back to the work queue at most once (RabbitMQ's
-// default for TTL expiry): a message that expires in a retry queue while
-// the broker restarts can be dropped by the broker (the bank demo with
-// --broker-restarts lost 10 of 500 transfers in one restart when in-flight
-// deferrals were parked there). That is why in-flight deferrals stay in
-// place. Quorum queues' at-least-once dead-lettering would close the gap;
-// on RabbitMQ 3.10.8 its supervisor died under queue deletion right after a
-// restart and then no such queue could start, so idemq does not declare it.
-//
-// Without a Publisher the policy degrades: transient errors are still tried
-// QuickAttempts times, then every error is returned to the consumer, which
-// nacks without requeue — the work queue's dead-letter arguments (topology)
+// Without a Sender the policy degrades: transient errors are still tried
+// QuickAttempts times, then every failure is rejected to the broker (nack
+// without requeue) — the work queue's dead-letter arguments (topology)
 // route it to the dead-letter queue, where the broker's x-death header says
 // why.
-//
-// The message ID, body, content type and headers are kept on every
-// republish; the per-message expiration is dropped (it would fire inside a
-// retry queue) and the broker's x-delivery-count header is removed. A
-// delivery whose ID is missing or invalid cannot be published under its own
-// ID: its dead letter gets a fresh ID and the original, if any, in
-// x-idemq-original-message-id.
 package retry

@@ -1,4 +1,6 @@
-// Package acker coalesces the acknowledgements of one AMQP channel.
+// Package acker settles the deliveries of one AMQP channel: it coalesces
+// their acknowledgements ([Acker]) and gives deferred ones back after a
+// delay ([Requeuer]). The consumer's executor is its only user.
 //
 // Deliveries on a channel carry increasing delivery tags. Workers finish them
 // in any order; the Acker sends basic.ack with multiple=true up to the highest
@@ -168,9 +170,6 @@ func (a *Acker) Nack(tag uint64, requeue bool) error {
 	a.report(errs)
 	return nil
 }
-
-// Outstanding returns how many registered tags are not yet on the wire.
-func (a *Acker) Outstanding() int { return a.Len() }
 
 // Len returns how many tags the Acker holds in memory: the registered tags
 // not yet on the wire. It is bounded by the channel's prefetch window.
