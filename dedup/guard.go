@@ -156,7 +156,7 @@ func Key(prefix, group, id string) string { return prefix + ":" + group + ":" + 
 //   - [ErrUncertain] (a probabilistic store that cannot tell done from
 //     new): neither runs nor acks — an idemq.RejectError with reason
 //     idemq.ReasonSuspectedDuplicate (dead-lettered with that reason), or,
-//     with bloom.SuspectRouter outside the guard, a copy in the
+//     with a bloom.Router as the failure policy, a copy in the
 //     suspected-duplicate queue. Counted as idemq.CountUncertain, whatever
 //     FailOpen says.
 //

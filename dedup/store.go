@@ -55,8 +55,8 @@ var (
 	// could verify it. The message may be a duplicate (running it could
 	// apply it twice) or new (acking it would lose it): the guard does
 	// neither. It dead-letters the delivery with reason
-	// idemq.ReasonSuspectedDuplicate, unless a router outside the guard
-	// (bloom.SuspectRouter) takes it first. Never a store error, never
+	// idemq.ReasonSuspectedDuplicate, unless the failure policy is a
+	// bloom.Router, which routes it to its own queue. Never a store error, never
 	// fail-open.
 	ErrUncertain = errors.New("dedup: store cannot tell whether the message was processed")
 )

@@ -59,13 +59,13 @@
 //     write; the filter answers new IDs, the inbox only the hits.
 //   - no verifier: the cheapest (no authority at all). True duplicates
 //     within Recent are answered exactly (the marker); older duplicates and
-//     false positives are suspects, never Done and never run: put
-//     [SuspectRouter] outside dedup.Guard and they land in
+//     false positives are suspects, never Done and never run: make a
+//     [Router] the pipeline's failure policy and they land in
 //     "<queue>.suspected" with x-idemq-reason=suspected-duplicate, counted,
 //     for an operator to replay. The suspect error wraps
-//     dedup.ErrUncertain, so dedup.Guard neither runs nor acks it even
+//     dedup.ErrUncertain, so the dedup guard neither runs nor acks it even
 //     with FailOpen: without the router the guard rejects it with reason
-//     suspected-duplicate and the failure policy (retry.Policy)
+//     suspected-duplicate and the failure policy (a retry.Policy)
 //     dead-letters it with that reason; the router only gives suspects
 //     their own queue. This mode cannot pass the conformance suite, by
 //     design: the suite wants Done for every duplicate, and this store

@@ -29,7 +29,7 @@ const (
 	// CountWindowExceeded: Complete asked for a longer window than the
 	// filter's (see [Store.Complete]).
 	CountWindowExceeded = "bloom_window_exceeded"
-	// CountSuspectedRouted: suspects [SuspectRouter] published to the
+	// CountSuspectedRouted: suspects [Router] published to the
 	// suspected-duplicate queue.
 	CountSuspectedRouted = "suspected_duplicates"
 )
@@ -42,7 +42,7 @@ var ErrSuspectedDuplicate = fmt.Errorf("bloom: suspected duplicate: %w", dedup.E
 // says "maybe done" and no verifier can tell: the message may be a
 // duplicate or a false positive. It is neither Done (that could drop a new
 // message) nor Acquired (that could run a duplicate): route it with
-// [SuspectRouter] to a queue an operator replays from.
+// a [Router] to a queue an operator replays from.
 type SuspectedDuplicateError struct {
 	Key string
 }
