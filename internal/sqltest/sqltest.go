@@ -41,6 +41,7 @@ func PostgresPgx() sqldbtest.Backend[pgx.Tx] {
 			t.Cleanup(closeFn)
 			return postgres.Pgx(pool), closeFn
 		},
+		Tx:          func(tx pgx.Tx) sqldb.Querier { return postgres.PgxTx(tx) },
 		LockWaiters: pgLockWaiters,
 	}
 }
@@ -79,6 +80,7 @@ func stdBackend(name string, newDB func(testing.TB) string, driver string, dsn f
 			t.Cleanup(closeFn)
 			return adapt(db), closeFn
 		},
+		Tx:          func(tx *sql.Tx) sqldb.Querier { return sqldb.StdTx(tx) },
 		LockWaiters: lockWaiters,
 	}
 }

@@ -30,6 +30,9 @@ type Backend[T any] struct {
 	// would, closed at t's cleanup; close closes it earlier (safe to call
 	// twice). Required.
 	Open func(t testing.TB, addr string) (db sqldb.Native[T], close func())
+	// Tx hands a transaction of T to idemq: postgres.PgxTx for a pgx.Tx,
+	// sqldb.StdTx for a *sql.Tx. Required.
+	Tx func(tx T) sqldb.Querier
 	// LockWaiters, optional, is a query counting this database's sessions
 	// waiting on a row lock (to prove that a concurrent duplicate blocks).
 	LockWaiters string

@@ -1,49 +1,19 @@
-package mysql_test
+package inbox_test
 
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"sync"
 	"testing"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql"
-
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
-	"github.com/idemq/idemq/inbox/inboxtest"
-	"github.com/idemq/idemq/inbox/mysql"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sqldb/mysql"
 )
 
-// No LockWaiters for MariaDB: querying information_schema.innodb_trx
-// while a transaction waits on a row lock proved unreliable (it stalled
-// until the lock wait ended), so the concurrent-duplicate tests check the
-// outcome (second acked as a duplicate only after the first commits, run
-// after a rollback) without observing the wait itself.
-
-func harness() inboxtest.Harness[*sql.Tx] {
-	return inboxtest.Harness[*sql.Tx]{
-		Name:   "mysql",
-		NewDSN: func(t testing.TB) string { return testenv.MySQLDB(t) },
-		Open: func(t testing.TB, dsn string) inboxtest.DB[*sql.Tx] {
-			db, err := sql.Open("mysql", dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
-			return inboxtest.StdDB(mysql.Driver(db), db, "")
-		},
-	}
-}
-
-func TestInbox(t *testing.T) { inboxtest.Run(t, harness()) }
-
-// TestHelperInboxProcess is the child process of the kill test.
-func TestHelperInboxProcess(t *testing.T) { inboxtest.HelperProcess(t, harness()) }
-
-func openDB(t *testing.T, dsn string) *sql.DB {
+func openMySQL(t *testing.T, dsn string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("mysql", dsn)
 	if err != nil {
@@ -70,7 +40,7 @@ func TestRefusedRowIsNotDuplicate(t *testing.T) {
 		{"4-byte UTF-8 in a utf8mb3 column", "VARCHAR(64) CHARACTER SET utf8mb3 COLLATE utf8mb3_bin", [2]string{"order-\U0001F600", "order-\U0001F601"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			db := openDB(t, testenv.MySQLDB(t))
+			db := openMySQL(t, testenv.MySQLDB(t))
 			ctx := context.Background()
 			if _, err := db.ExecContext(ctx, `CREATE TABLE narrow_inbox (
 	group_name  VARBINARY(255) NOT NULL,
@@ -79,7 +49,7 @@ func TestRefusedRowIsNotDuplicate(t *testing.T) {
 	PRIMARY KEY (group_name, message_id)) ENGINE=InnoDB`); err != nil {
 				t.Fatal(err)
 			}
-			ib, err := mysql.New(ctx, db, inbox.Config{Table: "narrow_inbox", SkipMigrate: true})
+			ib, err := inbox.New(ctx, mysql.Std(db), inbox.Config{Table: "narrow_inbox", NoMigrate: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -131,9 +101,9 @@ func TestRefusedRowIsNotDuplicate(t *testing.T) {
 // the DSN's clientFoundRows (with it, an unchanged ON DUPLICATE KEY UPDATE
 // row counts as affected, and a duplicate would look fresh).
 func TestClientFoundRows(t *testing.T) {
-	db := openDB(t, testenv.MySQLDB(t)+"&clientFoundRows=true")
+	db := openMySQL(t, testenv.MySQLDB(t)+"&clientFoundRows=true")
 	ctx := context.Background()
-	ib, err := mysql.New(ctx, db, inbox.Config{})
+	ib, err := inbox.New(ctx, mysql.Std(db), inbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,15 +129,5 @@ func TestClientFoundRows(t *testing.T) {
 	wg.Wait()
 	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); ran != 2 || p != 2 || d != 2 {
 		t.Fatalf("ran=%d processed=%d duplicates=%d, want 2, 2, 2", ran, p, d)
-	}
-}
-
-// TestNeedsDuplicateKeyReporter: a MySQL driver that cannot tell a
-// duplicate key from another failure is refused.
-func TestNeedsDuplicateKeyReporter(t *testing.T) {
-	db := openDB(t, testenv.MySQLDB(t))
-	_, err := inbox.New(context.Background(), inbox.SQL(db, inbox.MySQL), inbox.Config{})
-	if !errors.Is(err, inbox.ErrNoDuplicateKeyReporter) {
-		t.Fatalf("inbox.New with a bare database/sql MySQL driver: %v, want ErrNoDuplicateKeyReporter", err)
 	}
 }
