@@ -1,22 +1,7 @@
-// Package outboxtest is the conformance suite every outbox SQL dialect runs,
-// against real databases and a real RabbitMQ:
-//
-//	var suite = outboxtest.Suite{
-//		NewDB: testenv.PostgresDB,
-//		Open:  func(t testing.TB, dsn, table string) (outbox.Store, *sql.DB) { … },
-//	}
-//
-//	func TestConformance(t *testing.T)         { outboxtest.Run(t, suite) }
-//	func TestHelperRelayProcess(t *testing.T) { outboxtest.HelperProcess(t, suite) }
-//
-// TestHelperRelayProcess is the child the crash cases re-execute (the test
-// binary, -test.run=^TestHelperRelayProcess$): it runs a relay that SIGKILLs
-// itself at a chosen point. Without the helper environment it skips.
 package outboxtest
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,19 +22,9 @@ import (
 	"github.com/idemq/idemq/internal/backoff"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/sqldbtest"
 )
-
-// Suite describes the dialect under test.
-type Suite struct {
-	// NewDB returns the DSN (URL, path) of a fresh database for this test.
-	NewDB func(t testing.TB) string
-	// Open returns a store for table in dsn and the pool to begin
-	// transactions on; both are closed by the caller's cleanup (Open should
-	// register it).
-	Open func(t testing.TB, dsn, table string) (outbox.Store, *sql.DB)
-	// SingleRelay: the dialect supports one relay only (SQLite).
-	SingleRelay bool
-}
 
 // Environment of the helper child process.
 const (
@@ -58,24 +33,24 @@ const (
 	envTable   = "IDEMQ_OUTBOX_HELPER_TABLE" // table
 	envKill    = "IDEMQ_OUTBOX_TEST_KILL"    // "before-mark" or "after-confirms:N"
 	envBatch   = "IDEMQ_OUTBOX_HELPER_BATCH" // batch size
+	envFlavor  = "IDEMQ_OUTBOX_HELPER_FLAVOR" // the backend's name
 	childLease = 4 * time.Second
 
 	childBatch       = 50
 	childConcurrency = 2
 )
 
-// Run runs every conformance case as a subtest.
-func Run(t *testing.T, s Suite) {
-	if s.NewDB == nil || s.Open == nil {
-		t.Fatal("outboxtest: Suite.NewDB and Suite.Open are required")
-	}
+// RunRelay runs the end-to-end cases: relays publishing through the real
+// RabbitMQ, crashes (the kill cases re-execute the test binary as
+// TestHelperRelayProcess, see [HelperProcess]), ordering, failures,
+// purge and shutdown.
+func RunRelay[T any](t *testing.T, b sqldbtest.Backend[T], f Features) {
+	s := newSuite(b, f)
 	cases := []struct {
 		name  string
-		fn    func(*testing.T, Suite)
+		fn    func(*testing.T, suite)
 		multi bool
 	}{
-		{"MigrateIsIdempotentAndConcurrent", migrateTwice, false},
-		{"AddRejectsBadMessages", addRejects, false},
 		{"RollbackIsNeverPublished", rollbackNever, false},
 		{"CommitIsPublishedAndConsumed", commitPublished, false},
 		{"KilledBetweenConfirmAndMarkResendsSameID", killBeforeMark, false},
@@ -90,8 +65,11 @@ func Run(t *testing.T, s Suite) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.multi && s.SingleRelay {
-				t.Skip("this dialect runs one relay only")
+			if c.multi && f.SingleRelay {
+				t.Skip("Features.SingleRelay: this dialect runs one relay only")
+			}
+			if f.Parallel {
+				t.Parallel()
 			}
 			c.fn(t, s)
 		})
@@ -106,22 +84,24 @@ func tctx(t testing.TB) context.Context {
 
 type env struct {
 	t     *testing.T
-	s     Suite
+	s     suite
 	dsn   string
 	table string
-	store outbox.Store
-	db    *sql.DB
+	store *outbox.SQLStore
+	inTx  inTx
 	queue string
 }
 
-func setup(t *testing.T, s Suite) *env {
+func setup(t *testing.T, s suite) *env {
 	testenv.RequireAMQP(t)
-	e := &env{t: t, s: s, dsn: s.NewDB(t), table: "outbox_" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)}
-	e.store, e.db = s.Open(t, e.dsn, e.table)
-	if err := e.store.Migrate(tctx(t)); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	e := setupDB(t, s)
 	e.queue = testenv.Queue(t, nil)
+	return e
+}
+
+func setupDB(t *testing.T, s suite) *env {
+	e := &env{t: t, s: s, dsn: s.newDB(t), table: "outbox_" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)}
+	e.store, e.inTx = s.open(t, e.dsn, e.table)
 	return e
 }
 
@@ -133,16 +113,8 @@ func (e *env) msg(id string) outbox.Message {
 func (e *env) add(msgs ...outbox.Message) {
 	e.t.Helper()
 	ctx := tctx(e.t)
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := e.store.Add(ctx, tx, msgs...); err != nil {
-		tx.Rollback()
+	if err := e.inTx(ctx, true, func(tx sqldb.Querier) error { return e.store.Add(ctx, tx, msgs...) }); err != nil {
 		e.t.Fatalf("add: %v", err)
-	}
-	if err := tx.Commit(); err != nil {
-		e.t.Fatalf("commit: %v", err)
 	}
 }
 
@@ -166,7 +138,7 @@ type relayOpt func(*outbox.RelayConfig)
 // stopped at cleanup (or by the returned stop, which waits for Run).
 func (e *env) relay(opts ...relayOpt) (*outbox.Relay, func()) {
 	e.t.Helper()
-	store, _ := e.s.Open(e.t, e.dsn, e.table)
+	store, _ := e.s.open(e.t, e.dsn, e.table)
 	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
 	cfg := outbox.RelayConfig{
 		Store: store, Publisher: pub, BatchSize: 50, Lease: childLease, PublishTimeout: 20 * time.Second,
@@ -275,73 +247,10 @@ func (e *env) waitState(st outbox.State, n int64, within time.Duration) {
 	})
 }
 
-func migrateTwice(t *testing.T, s Suite) {
-	e := setup(t, s)
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for i := 0; i < 4; i++ {
-		store, _ := s.Open(t, e.dsn, e.table+"_c")
-		wg.Go(func() { errs <- store.Migrate(tctx(t)) })
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatalf("concurrent migrate: %v", err)
-		}
-	}
-	if err := e.store.Migrate(tctx(t)); err != nil {
-		t.Fatalf("second migrate: %v", err)
-	}
-	e.add(e.msg("m-1"))
-	if c := e.counts(); c[outbox.StatePending] != 1 {
-		t.Fatalf("counts = %v, want 1 pending", c)
-	}
-}
-
-func addRejects(t *testing.T, s Suite) {
+func rollbackNever(t *testing.T, s suite) {
 	e := setup(t, s)
 	ctx := tctx(t)
-	cases := []struct {
-		name string
-		msg  outbox.Message
-		is   error
-	}{
-		{"missing id", outbox.Message{RoutingKey: "x"}, idemq.ErrMissingMessageID},
-		{"control char", outbox.Message{ID: "a\nb"}, idemq.ErrInvalidMessageID},
-		{"too long", outbox.Message{ID: strings.Repeat("x", 256)}, idemq.ErrInvalidMessageID},
-		{"routing key too long", outbox.Message{ID: "ok", RoutingKey: strings.Repeat("k", 256)}, outbox.ErrInvalidMessage},
-		{"bad header", outbox.Message{ID: "ok", Headers: amqp.Table{"t": time.Now()}}, outbox.ErrInvalidMessage},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			tx, err := e.db.BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback()
-			err = e.store.Add(ctx, tx, c.msg)
-			if !errors.Is(err, c.is) {
-				t.Fatalf("Add = %v, want errors.Is %v", err, c.is)
-			}
-		})
-	}
-	if c := e.counts(); len(c) != 0 && c[outbox.StatePending] != 0 {
-		t.Fatalf("rows after rejected adds: %v", c)
-	}
-}
-
-func rollbackNever(t *testing.T, s Suite) {
-	e := setup(t, s)
-	ctx := tctx(t)
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.store.Add(ctx, tx, e.msg("rolled-back")); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(); err != nil {
+	if err := e.inTx(ctx, false, func(tx sqldb.Querier) error { return e.store.Add(ctx, tx, e.msg("rolled-back")) }); err != nil {
 		t.Fatal(err)
 	}
 	c := e.consume()
@@ -357,7 +266,7 @@ func rollbackNever(t *testing.T, s Suite) {
 	}
 }
 
-func commitPublished(t *testing.T, s Suite) {
+func commitPublished(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	var rec idemq.Counters
@@ -404,7 +313,7 @@ func (e *env) child(kill string, batch int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperRelayProcess$", "-test.v")
-	cmd.Env = testenv.Env(envHelper+"=1", envDSN+"="+e.dsn, envTable+"="+e.table, envKill+"="+kill,
+	cmd.Env = testenv.Env(envHelper+"=1", envFlavor+"="+e.s.name, envDSN+"="+e.dsn, envTable+"="+e.table, envKill+"="+kill,
 		envBatch+"="+strconv.Itoa(batch))
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -419,11 +328,13 @@ func (e *env) child(kill string, batch int) {
 
 // HelperProcess is the body of TestHelperRelayProcess: in the child (the
 // helper environment set) it relays until its kill hook SIGKILLs it.
-func HelperProcess(t *testing.T, s Suite) {
+// [Flavor] names the backend the parent ran.
+func HelperProcess[T any](t *testing.T, b sqldbtest.Backend[T]) {
 	if os.Getenv(envHelper) != "1" {
 		t.Skip("helper process for the outbox crash tests")
 	}
-	store, _ := s.Open(t, os.Getenv(envDSN), os.Getenv(envTable))
+	s := newSuite(b, Features{})
+	store, _ := s.open(t, os.Getenv(envDSN), os.Getenv(envTable))
 	batch, _ := strconv.Atoi(os.Getenv(envBatch))
 	die := func() {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -484,7 +395,7 @@ func dedupConsume(t *testing.T, dels []amqp.Delivery) (map[string]int, int) {
 	return effects, dups
 }
 
-func killBeforeMark(t *testing.T, s Suite) {
+func killBeforeMark(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	ids := e.addN("kbm", 10, 10)
@@ -527,7 +438,7 @@ func killBeforeMark(t *testing.T, s Suite) {
 	}
 }
 
-func killMidBatch(t *testing.T, s Suite) {
+func killMidBatch(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	ids := e.addN("kmb", 200, 25)
@@ -560,7 +471,7 @@ func killMidBatch(t *testing.T, s Suite) {
 	}
 }
 
-func threeRelays(t *testing.T, s Suite) {
+func threeRelays(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	var recs [3]idemq.Counters
@@ -593,7 +504,7 @@ func threeRelays(t *testing.T, s Suite) {
 	t.Logf("relays that published: %d of 3", busy)
 }
 
-func orderingPerKey(t *testing.T, s Suite) {
+func orderingPerKey(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	const keys, per = 5, 20
@@ -609,7 +520,7 @@ func orderingPerKey(t *testing.T, s Suite) {
 		e.add(batch...)
 	}
 	relays := 2
-	if s.SingleRelay {
+	if s.f.SingleRelay {
 		relays = 1
 	}
 	for i := 0; i < relays; i++ {
@@ -650,7 +561,7 @@ func (f failingPublisher) Publish(ctx context.Context, m idemq.Message) error {
 	return f.Publisher.Publish(ctx, m)
 }
 
-func unroutable(t *testing.T, s Suite) {
+func unroutable(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	lost := e.msg("unroutable-1")
@@ -704,7 +615,7 @@ func unroutable(t *testing.T, s Suite) {
 // the failed row (it publishes, then its successors) or skips it (its
 // successors publish, it stays failed and unpublished). Other keys and
 // unkeyed rows are not held back, and the relay reports what is blocked.
-func orderedFailedBlocks(t *testing.T, s Suite) {
+func orderedFailedBlocks(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	keyed := func(id, key string, routable bool) outbox.Message {
@@ -742,10 +653,7 @@ func orderedFailedBlocks(t *testing.T, s Suite) {
 	testenv.Eventually(t, 30*time.Second, "the relay to report 3 blocked rows", func() bool {
 		return rec.Get(outbox.GaugeBlocked) == 3 && r.Blocked() == 3
 	})
-	ops, ok := e.store.(outbox.FailedRows)
-	if !ok {
-		t.Fatalf("store %T has no operator tools for failed rows (outbox.FailedRows)", e.store)
-	}
+	var ops outbox.FailedRows = e.store
 	blocked, err := ops.Blocked(tctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -854,7 +762,7 @@ func rowInfo(t *testing.T, s outbox.Store) []outbox.RowInfo {
 	return rows
 }
 
-func purged(t *testing.T, s Suite) {
+func purged(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	ids := e.addN("purge", 30, 10)
@@ -878,7 +786,7 @@ func purged(t *testing.T, s Suite) {
 	}
 }
 
-func lagReported(t *testing.T, s Suite) {
+func lagReported(t *testing.T, s suite) {
 	e := setup(t, s)
 	e.addN("lag", 5, 5)
 	testenv.Eventually(t, 30*time.Second, "lag > 0", func() bool {
@@ -895,7 +803,7 @@ func lagReported(t *testing.T, s Suite) {
 	})
 }
 
-func shutdownDrains(t *testing.T, s Suite) {
+func shutdownDrains(t *testing.T, s suite) {
 	e := setup(t, s)
 	c := e.consume()
 	ids := e.addN("drain", 300, 50)
