@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -91,14 +92,18 @@ func withFailedRows(cmd *cobra.Command, f relayRowFlags, fn func(outbox.FailedRo
 	if err != nil {
 		return err
 	}
-	store, err := openStore(d, f.table)
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	db, closeDB, err := openDB(ctx, d)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	fr, ok := store.(outbox.FailedRows)
-	if !ok {
-		return fmt.Errorf("the %s outbox store has no failed-row tools", d.dialect)
+	defer closeDB()
+	store, err := openStore(ctx, d, db, f.table, true) // operator tools change no schema
+	if err != nil {
+		return err
 	}
-	return fn(fr)
+	return fn(store)
 }
