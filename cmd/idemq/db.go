@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -13,6 +16,24 @@ import (
 	"github.com/idemq/idemq/sqldb/postgres"
 	"github.com/idemq/idemq/sqldb/sqlite"
 )
+
+// connect resolves --db and --dialect and opens the database: the
+// command's context, the resolved database, the handle and its closer.
+func connect(cmd *cobra.Command, dbFlag, dialect string) (context.Context, relayDB, sqldb.DB, func(), error) {
+	ctx := cmd.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	d, err := resolveDB(dbFlag, dialect, os.Getenv)
+	if err != nil {
+		return nil, relayDB{}, nil, nil, err
+	}
+	db, closeDB, err := openDB(ctx, d)
+	if err != nil {
+		return nil, relayDB{}, nil, nil, err
+	}
+	return ctx, d, db, closeDB, nil
+}
 
 // openDB opens the resolved database through its dialect package (pgx for
 // PostgreSQL, database/sql for MySQL and SQLite). Nothing connects yet.

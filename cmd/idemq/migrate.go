@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -102,15 +100,7 @@ func runMigrate(cmd *cobra.Command, f migrateFlags, up bool) error {
 	if err != nil {
 		return err
 	}
-	d, err := resolveDB(f.db, f.dialect, os.Getenv)
-	if err != nil {
-		return err
-	}
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	db, closeDB, err := openDB(ctx, d)
+	ctx, _, db, closeDB, err := connect(cmd, f.db, f.dialect)
 	if err != nil {
 		return err
 	}

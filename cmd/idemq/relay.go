@@ -281,15 +281,7 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	if err != nil {
 		return err
 	}
-	d, err := resolveDB(f.db, f.dialect, os.Getenv)
-	if err != nil {
-		return err
-	}
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	db, closeDB, err := openDB(ctx, d)
+	ctx, d, db, closeDB, err := connect(cmd, f.db, f.dialect)
 	if err != nil {
 		return err
 	}

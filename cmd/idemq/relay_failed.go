@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"os"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -88,15 +86,7 @@ func newRelayFailedCmds() []*cobra.Command {
 }
 
 func withFailedRows(cmd *cobra.Command, f relayRowFlags, fn func(outbox.FailedRows) error) error {
-	d, err := resolveDB(f.db, f.dialect, os.Getenv)
-	if err != nil {
-		return err
-	}
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	db, closeDB, err := openDB(ctx, d)
+	ctx, d, db, closeDB, err := connect(cmd, f.db, f.dialect)
 	if err != nil {
 		return err
 	}

@@ -369,7 +369,7 @@ const RefusedID = "refused-by-check"
 
 // testRowRefused: an inbox row the database refuses for any reason other
 // than a duplicate key (here a CHECK constraint on a user-managed table;
-// on MySQL also truncation or charset conversion, see inbox/mysql) is an
+// on MySQL also truncation or charset conversion, see the inbox package documentation) is an
 // error for that delivery, which goes to the failure policy. It is never
 // taken for a duplicate and acked without running (MySQL's INSERT IGNORE
 // turned such errors into "0 rows inserted"), in the single handler and in
