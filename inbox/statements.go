@@ -35,11 +35,7 @@ func Schema(table string) sqldb.Schema {
 	received_at INTEGER NOT NULL,
 	PRIMARY KEY (group_name, message_id))`},
 		}},
-		{Version: 2, Name: "received_at index", Up: map[string][]string{
-			sqldb.Postgres: {`CREATE INDEX IF NOT EXISTS {idx:_received_idx} ON {table} (received_at)`},
-			sqldb.MySQL:    {`CREATE INDEX {idx:_received_idx} ON {table} (received_at)`},
-			sqldb.SQLite:   {`CREATE INDEX IF NOT EXISTS {idx:_received_idx} ON {table} (received_at)`},
-		}},
+		{Version: 2, Name: "received_at index", Up: sqldb.Index("_received_idx", "received_at")},
 	}}
 }
 

@@ -48,6 +48,19 @@ func (s Schema) Latest() int {
 	return s.Migrations[len(s.Migrations)-1].Version
 }
 
+// Index returns the statements, per dialect, of a migration that creates
+// the index {idx:suffix} on columns of the table: CREATE INDEX IF NOT
+// EXISTS, and on MySQL (which has no IF NOT EXISTS there) a plain CREATE
+// INDEX whose "already exists" error [Dialect.Exists] ignores.
+func Index(suffix, columns string) map[string][]string {
+	stmt := " {idx:" + suffix + "} ON {table} (" + columns + ")"
+	return map[string][]string{
+		Postgres: {"CREATE INDEX IF NOT EXISTS" + stmt},
+		MySQL:    {"CREATE INDEX" + stmt},
+		SQLite:   {"CREATE INDEX IF NOT EXISTS" + stmt},
+	}
+}
+
 // SchemaStatus is where one table's schema stands.
 type SchemaStatus struct {
 	Component string

@@ -45,11 +45,7 @@ func Schema(table string) sqldb.Schema {
 	expires_at INTEGER NOT NULL
 ) WITHOUT ROWID`},
 		}},
-		{Version: 2, Name: "expiry index", Up: map[string][]string{
-			sqldb.Postgres: {`CREATE INDEX IF NOT EXISTS {idx:_expires_idx} ON {table} (expires_at)`},
-			sqldb.MySQL:    {`CREATE INDEX {idx:_expires_idx} ON {table} (expires_at)`},
-			sqldb.SQLite:   {`CREATE INDEX IF NOT EXISTS {idx:_expires_idx} ON {table} (expires_at)`},
-		}},
+		{Version: 2, Name: "expiry index", Up: sqldb.Index("_expires_idx", "expires_at")},
 	}}
 }
 
