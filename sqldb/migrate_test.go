@@ -144,4 +144,3 @@ func testMigrations[T any](t *testing.T, b sqldbtest.Backend[T]) {
 func TestMigrationsPostgres(t *testing.T) { t.Parallel(); testMigrations(t, sqltest.PostgresPgx()) }
 func TestMigrationsMySQL(t *testing.T)    { t.Parallel(); testMigrations(t, sqltest.MySQL()) }
 func TestMigrationsSQLite(t *testing.T)   { t.Parallel(); testMigrations(t, sqltest.SQLite()) }
-

@@ -28,11 +28,11 @@ import (
 
 // Environment of the helper child process.
 const (
-	envHelper  = "IDEMQ_OUTBOX_HELPER"       // "1" in the child
-	envDSN     = "IDEMQ_OUTBOX_HELPER_DSN"   // database
-	envTable   = "IDEMQ_OUTBOX_HELPER_TABLE" // table
-	envKill    = "IDEMQ_OUTBOX_TEST_KILL"    // "before-mark" or "after-confirms:N"
-	envBatch   = "IDEMQ_OUTBOX_HELPER_BATCH" // batch size
+	envHelper  = "IDEMQ_OUTBOX_HELPER"        // "1" in the child
+	envDSN     = "IDEMQ_OUTBOX_HELPER_DSN"    // database
+	envTable   = "IDEMQ_OUTBOX_HELPER_TABLE"  // table
+	envKill    = "IDEMQ_OUTBOX_TEST_KILL"     // "before-mark" or "after-confirms:N"
+	envBatch   = "IDEMQ_OUTBOX_HELPER_BATCH"  // batch size
 	envFlavor  = "IDEMQ_OUTBOX_HELPER_FLAVOR" // the backend's name
 	childLease = 4 * time.Second
 
