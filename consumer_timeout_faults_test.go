@@ -18,9 +18,9 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
-	pginbox "github.com/idemq/idemq/inbox/postgres"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/sqldb/postgres"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -64,7 +64,7 @@ func TestFaultConsumerTimeout(t *testing.T) {
 		if _, err := pool.Exec(ctx, "CREATE TABLE effects (id serial PRIMARY KEY, message_id text NOT NULL)"); err != nil {
 			t.Fatal(err)
 		}
-		ib, err := pginbox.New(ctx, pool, inbox.Config{})
+		ib, err := inbox.New(ctx, postgres.Pgx(pool), inbox.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

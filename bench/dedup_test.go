@@ -15,7 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/sqlstore"
-	pgstore "github.com/idemq/idemq/dedup/sqlstore/postgres"
+	"github.com/idemq/idemq/sqldb/postgres"
 )
 
 // DedupWorkers is the handler concurrency of the dedup cases: each message
@@ -165,7 +165,7 @@ func BenchmarkDedup(b *testing.B) {
 	}
 	consumeCase(b, "idemq-dedup-postgres", 0, func(b *testing.B, r *run) {
 		pool := benchDB(b, "idemq_bench_dedup")
-		st, err := pgstore.New(context.Background(), pool, sqlstore.Config{})
+		st, err := sqlstore.New(context.Background(), postgres.Pgx(pool), sqlstore.Config{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
-	inboxpg "github.com/idemq/idemq/inbox/postgres"
+	"github.com/idemq/idemq/sqldb/postgres"
 )
 
 // inboxConsume runs the PostgreSQL inbox with a one-row effect per message:
@@ -22,7 +22,7 @@ func inboxConsume(b *testing.B, r *run, batch int) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE effect (message_id text NOT NULL, amount bigint NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	ib, err := inboxpg.New(ctx, pool, inbox.Config{})
+	ib, err := inbox.New(ctx, postgres.Pgx(pool), inbox.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}

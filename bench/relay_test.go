@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,7 +13,8 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
-	outboxpg "github.com/idemq/idemq/outbox/postgres"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/postgres"
 )
 
 // Relay benchmarks (issue: ≥ 10k rows/s; commit→publish p99 < 50 ms with
@@ -21,35 +23,41 @@ import (
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// outboxStore opens a migrated outbox store on a fresh database.
-func outboxStore(b *testing.B, name string) (*outboxpg.Store, string) {
-	dsn := createDB(b, name)
-	s, err := outboxpg.Open(dsn, outboxpg.Config{})
+// openOutbox opens a database/sql pool (pgx/v5/stdlib) on dsn and a
+// migrated outbox store on it that LISTENs for new rows.
+func openOutbox(b *testing.B, dsn string) (*outbox.SQLStore, *sql.DB) {
+	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { s.Close() })
-	if err := s.Migrate(context.Background()); err != nil {
+	s, err := outbox.NewStore(context.Background(), postgres.Std(db), outbox.StoreConfig{Listen: postgres.Listener(dsn)})
+	if err != nil {
+		db.Close()
 		b.Fatal(err)
 	}
-	return s, dsn
+	return s, db
+}
+
+// outboxStore opens a migrated outbox store on a fresh database.
+func outboxStore(b *testing.B, name string) (*outbox.SQLStore, *sql.DB, string) {
+	dsn := createDB(b, name)
+	s, db := openOutbox(b, dsn)
+	b.Cleanup(func() { db.Close() })
+	return s, db, dsn
 }
 
 // startRelay runs one relay process-alike (its own pool, LISTEN connection
 // and publisher) until the case ends.
 func startRelay(b *testing.B, dsn string, cfg outbox.RelayConfig) {
-	s, err := outboxpg.Open(dsn, outboxpg.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, db := openOutbox(b, dsn)
 	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL(), Logger: quiet()})
-	cfg.Store, cfg.Publisher, cfg.Logger, cfg.SkipMigrate = s, pub, quiet(), true
+	cfg.Store, cfg.Publisher, cfg.Logger = s, pub, quiet()
 	r := outbox.NewRelay(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = r.Run(ctx); close(done) }()
 	var once sync.Once
-	b.Cleanup(func() { once.Do(func() { cancel(); <-done; pub.Close(); s.Close() }) })
+	b.Cleanup(func() { once.Do(func() { cancel(); <-done; pub.Close(); db.Close() }) })
 }
 
 // BenchmarkRelay/throughput-relays-N: b.N committed rows (transactions of
@@ -58,13 +66,13 @@ func startRelay(b *testing.B, dsn string, cfg outbox.RelayConfig) {
 func BenchmarkRelay(b *testing.B) {
 	for _, relays := range []int{1, 3} {
 		b.Run(fmt.Sprintf("throughput-relays-%d", relays), func(b *testing.B) {
-			store, dsn := outboxStore(b, fmt.Sprintf("idemq_bench_relay_%d", relays))
+			store, db, dsn := outboxStore(b, fmt.Sprintf("idemq_bench_relay_%d", relays))
 			q := freshQueue(b, fmt.Sprintf("idemq.bench.relay.%d", relays))
 			ctx := context.Background()
 			body := make([]byte, BodySize)
 			const perTx = 500
 			for i := 0; i < b.N; i += perTx {
-				tx, err := store.DB.BeginTx(ctx, nil)
+				tx, err := db.BeginTx(ctx, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -72,7 +80,7 @@ func BenchmarkRelay(b *testing.B) {
 				for j := i; j < i+perTx && j < b.N; j++ {
 					msgs = append(msgs, outbox.Message{ID: fmt.Sprintf("t-%d", j), RoutingKey: q, Body: body})
 				}
-				if err := store.Add(ctx, tx, msgs...); err != nil {
+				if err := store.Add(ctx, sqldb.StdTx(tx), msgs...); err != nil {
 					b.Fatal(err)
 				}
 				if err := tx.Commit(); err != nil {
@@ -128,7 +136,7 @@ func latencySamples(n int) int { return max(10, min(n/50, 200)) }
 // broker's routing): p50-ms, p99-ms.
 func latencyCase(b *testing.B, name string, cfg outbox.RelayConfig) {
 	b.Run(name, func(b *testing.B) {
-		store, dsn := outboxStore(b, "idemq_bench_relay_"+name[len("latency-"):])
+		store, db, dsn := outboxStore(b, "idemq_bench_relay_"+name[len("latency-"):])
 		q := freshQueue(b, "idemq.bench.relay."+name)
 		ctx := context.Background()
 		cfg.Retention = -1
@@ -154,11 +162,11 @@ func latencyCase(b *testing.B, name string, cfg outbox.RelayConfig) {
 		b.ResetTimer()
 		for i := 0; i < n; i++ {
 			id := fmt.Sprintf("l-%d", i)
-			tx, err := store.DB.BeginTx(ctx, nil)
+			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := store.Add(ctx, tx, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
+			if err := store.Add(ctx, sqldb.StdTx(tx), outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
 				b.Fatal(err)
 			}
 			if err := tx.Commit(); err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/idemq/idemq/sqldb"
 )
 
 // ErrNotFound: the row to transition does not exist.
@@ -28,45 +30,32 @@ func (e *TransitionError) Error() string {
 // Machine transitions the state column of one table. Create it with
 // [NewMachine]; it is immutable and safe for concurrent use.
 type Machine struct {
-	d                   Dialect
 	table               string
 	update, selectState string
 }
 
-// NewMachine validates and quotes the identifiers: table ("name" or
-// "schema.name"), its key column and its state column.
-func NewMachine(d Dialect, table, idColumn, stateColumn string) (*Machine, error) {
-	if d < Postgres || d > SQLite {
-		return nil, fmt.Errorf("business: unknown dialect %v", d)
-	}
-	qt, err := d.Quote(table)
+// NewMachine validates and quotes the identifiers for dialect d
+// (postgres.Dialect(), mysql.Dialect(), sqlite.Dialect()): table (the
+// identifier rule of [sqldb.Dialect.CheckTable]), its key column and its
+// state column ([sqldb.CheckColumn]).
+func NewMachine(d *sqldb.Dialect, table, idColumn, stateColumn string) (*Machine, error) {
+	qt, err := d.QuoteTable(table)
 	if err != nil {
 		return nil, err
 	}
-	qid, err := d.Quote(idColumn)
-	if err != nil || len(idColumn) == 0 || containsDot(idColumn) {
-		return nil, fmt.Errorf("%w: id column %q", ErrInvalidIdentifier, idColumn)
+	if err := sqldb.CheckColumn(idColumn); err != nil {
+		return nil, err
 	}
-	qs, err := d.Quote(stateColumn)
-	if err != nil || containsDot(stateColumn) {
-		return nil, fmt.Errorf("%w: state column %q", ErrInvalidIdentifier, stateColumn)
+	if err := sqldb.CheckColumn(stateColumn); err != nil {
+		return nil, err
 	}
+	qid, qs := d.Quote(idColumn), d.Quote(stateColumn)
 	p := d.Placeholder
 	return &Machine{
-		d:           d,
 		table:       table,
 		update:      "UPDATE " + qt + " SET " + qs + " = " + p(1) + " WHERE " + qid + " = " + p(2) + " AND " + qs + " = " + p(3),
 		selectState: "SELECT " + qs + " FROM " + qt + " WHERE " + qid + " = " + p(1),
 	}, nil
-}
-
-func containsDot(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '.' {
-			return true
-		}
-	}
-	return false
 }
 
 // Transition sets the state of row id to `to` only if it is `from`
@@ -76,11 +65,12 @@ func containsDot(s string) bool {
 //   - any other state: a [*TransitionError] naming both states;
 //   - no such row: [ErrNotFound].
 //
-// Run it inside the inbox transaction so the state change and the inbox
-// row commit together. Under READ COMMITTED a concurrent transition of the
+// Run it on q, your transaction handed over the one way (sqldb.StdTx(tx),
+// postgres.PgxTx(tx)) — inside the inbox transaction, so the state change
+// and the inbox row commit together. Under READ COMMITTED a concurrent transition of the
 // same row waits on its lock and then sees the committed state.
-func (m *Machine) Transition(ctx context.Context, e Execer, id any, from, to string) error {
-	n, err := e.Exec(ctx, m.update, to, id, from)
+func (m *Machine) Transition(ctx context.Context, q sqldb.Querier, id any, from, to string) error {
+	n, err := q.Exec(ctx, m.update, to, id, from)
 	if err != nil {
 		return fmt.Errorf("business: transition %s %v %q→%q: %w", m.table, id, from, to, err)
 	}
@@ -88,8 +78,8 @@ func (m *Machine) Transition(ctx context.Context, e Execer, id any, from, to str
 		return nil
 	}
 	var current string
-	if err := e.QueryRow(ctx, m.selectState, id).Scan(&current); err != nil {
-		if errors.Is(err, ErrNoRows) {
+	if err := q.QueryRow(ctx, m.selectState, id).Scan(&current); err != nil {
+		if errors.Is(err, sqldb.ErrNoRows) {
 			return fmt.Errorf("%w: %s %v", ErrNotFound, m.table, id)
 		}
 		return fmt.Errorf("business: transition %s %v: read state: %w", m.table, id, err)
@@ -103,10 +93,10 @@ func (m *Machine) Transition(ctx context.Context, e Execer, id any, from, to str
 }
 
 // Transition is the one-shot form of [Machine.Transition].
-func Transition(ctx context.Context, e Execer, d Dialect, table, idColumn string, id any, stateColumn, from, to string) error {
+func Transition(ctx context.Context, q sqldb.Querier, d *sqldb.Dialect, table, idColumn string, id any, stateColumn, from, to string) error {
 	m, err := NewMachine(d, table, idColumn, stateColumn)
 	if err != nil {
 		return err
 	}
-	return m.Transition(ctx, e, id, from, to)
+	return m.Transition(ctx, q, id, from, to)
 }

@@ -21,6 +21,7 @@ func TestMemoryConformance(t *testing.T) {
 			_ = m.Close()
 			return m
 		},
+		Features: storetest.Features{Parallel: true},
 	})
 }
 

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/sqldb"
 )
 
 // BatchConfig configures a [Batcher]. The zero value is usable.
@@ -220,20 +220,19 @@ func failAll(items []*batchItem, err error) {
 // be told (no INSERT ... RETURNING). The caller then runs the batch again
 // with [Batcher.runSavepoints].
 func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
-	drv := b.ib.drv
 	first := make([]*batchItem, 0, len(items))
 	for i, it := range items {
 		if i == 0 || it.group != items[i-1].group || it.id != items[i-1].id {
 			first = append(first, it)
 		}
 	}
-	tx, err := drv.Begin(ctx)
+	native, tx, err := b.ib.db.BeginNative(ctx)
 	if err != nil {
 		failAll(items, Classify(fmt.Errorf("inbox: batch begin: %w", err)))
 		return nil
 	}
 	rollback := func(err error) error {
-		_ = drv.Rollback(ctx, tx)
+		_ = tx.Rollback(ctx)
 		return err
 	}
 	if err := b.insertRows(ctx, tx, first); err != nil {
@@ -243,7 +242,7 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 		if it.dup {
 			continue
 		}
-		if err := b.call(it, tx); err != nil {
+		if err := b.call(it, native); err != nil {
 			return rollback(fmt.Errorf("handler of message %q: %w", it.id, err))
 		}
 	}
@@ -252,7 +251,7 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 			it.dup = true // its first copy committed, or was already there
 		}
 	}
-	if err := drv.Commit(ctx, tx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		failAll(items, Classify(fmt.Errorf("inbox: batch commit: %w", err)))
 	}
 	return nil
@@ -262,11 +261,9 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 // with multi-row INSERTs, one group and at most insertChunk rows each, and
 // marks dup the items whose row was already there. Without INSERT ...
 // RETURNING it returns errSomeExist unless every row was inserted.
-func (b *Batcher[T]) insertRows(ctx context.Context, tx T, items []*batchItem) error {
-	drv := b.ib.drv
-	qd, returning := drv.(queryDriver[T])
-	returning = returning && b.ib.st.returning != ""
-	now := drv.Dialect().timeArg(b.ib.cfg.Now())
+func (b *Batcher[T]) insertRows(ctx context.Context, tx sqldb.Tx, items []*batchItem) error {
+	returning := b.ib.st.returning != ""
+	now := b.ib.d.Time(b.ib.cfg.Now())
 	args := make([]any, 0, 3*min(len(items), insertChunk))
 	for len(items) > 0 {
 		n := 1
@@ -281,7 +278,7 @@ func (b *Batcher[T]) insertRows(ctx context.Context, tx T, items []*batchItem) e
 		}
 		q := b.insertSQL(n, returning)
 		if !returning {
-			got, err := drv.Exec(ctx, tx, q, args...)
+			got, err := tx.Exec(ctx, q, args...)
 			if err != nil {
 				if b.ib.isDuplicate(err) {
 					return fmt.Errorf("%w: %w", errSomeExist, err)
@@ -293,7 +290,7 @@ func (b *Batcher[T]) insertRows(ctx context.Context, tx T, items []*batchItem) e
 			}
 			continue
 		}
-		ids, err := qd.QueryStrings(ctx, tx, q, args...)
+		ids, err := sqldb.Strings(ctx, tx, q, args...)
 		if err != nil {
 			return fmt.Errorf("inbox: insert rows: %w", err)
 		}
@@ -322,20 +319,7 @@ func (b *Batcher[T]) insertSQL(n int, returning bool) string {
 	if q, ok := b.sql.Load(key); ok {
 		return q.(string)
 	}
-	st, d := &b.ib.st, b.ib.drv.Dialect()
-	var sb strings.Builder
-	sb.WriteString(st.insertHead)
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		sb.WriteString("(" + d.Placeholder(3*i+1) + ", " + d.Placeholder(3*i+2) + ", " + d.Placeholder(3*i+3) + ")")
-	}
-	sb.WriteString(st.insertTail)
-	if returning {
-		sb.WriteString(st.returning)
-	}
-	q := sb.String()
+	q := b.ib.st.insertRows(b.ib.d, n, returning)
 	b.sql.Store(key, q)
 	return q
 }
@@ -345,18 +329,17 @@ func (b *Batcher[T]) insertSQL(n int, returning bool) string {
 // copy of a key finds its first copy's row (a duplicate) unless that one
 // was rolled back, and then runs.
 func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
-	drv := b.ib.drv
-	tx, err := drv.Begin(ctx)
+	native, tx, err := b.ib.db.BeginNative(ctx)
 	if err != nil {
 		failAll(items, Classify(fmt.Errorf("inbox: batch begin: %w", err)))
 		return
 	}
 	abort := func(err error) {
-		_ = drv.Rollback(ctx, tx)
+		_ = tx.Rollback(ctx)
 		failAll(items, Classify(fmt.Errorf("inbox: batch aborted, transaction rolled back: %w", err)))
 	}
 	for _, it := range items {
-		if _, err := drv.Exec(ctx, tx, spCreate); err != nil {
+		if _, err := tx.Exec(ctx, spCreate); err != nil {
 			abort(fmt.Errorf("savepoint: %w", err))
 			return
 		}
@@ -364,23 +347,23 @@ func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
 		if err == nil && !fresh {
 			it.dup = true
 		} else if err == nil {
-			err = b.call(it, tx)
+			err = b.call(it, native)
 		}
 		if err != nil {
 			it.err = err
-			if _, rbErr := drv.Exec(ctx, tx, spRollback); rbErr != nil {
+			if _, rbErr := tx.Exec(ctx, spRollback); rbErr != nil {
 				// MySQL rolls the whole transaction back on a deadlock, and
 				// takes the savepoints with it.
 				abort(fmt.Errorf("rollback to savepoint after %v: %w", err, rbErr))
 				return
 			}
 		}
-		if _, err := drv.Exec(ctx, tx, spRelease); err != nil {
+		if _, err := tx.Exec(ctx, spRelease); err != nil {
 			abort(fmt.Errorf("release savepoint: %w", err))
 			return
 		}
 	}
-	if err := drv.Commit(ctx, tx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		for _, it := range items {
 			if it.err == nil {
 				it.err = Classify(fmt.Errorf("inbox: batch commit: %w", err))

@@ -13,11 +13,15 @@
 // in one transaction: their inbox rows in multi-row INSERTs and their
 // handlers in turn, or, when a handler fails, again with a savepoint each.
 //
-// Dependency hygiene: this package imports no driver. [Dialect] values are
-// plain data and [SQL] is database/sql; the pgx driver lives in
-// inbox/postgres, MySQL and SQLite constructors in inbox/mysql and
-// inbox/sqlite (inbox/sqlite imports no driver; inbox/mysql imports
-// go-sql-driver/mysql for its error type).
+// The inbox is a statement set over idemq's SQL layer (package sqldb) and
+// imports no driver: hand it a database through a dialect package —
+// inbox.New(ctx, postgres.Pgx(pool), cfg) gives the handler a pgx.Tx;
+// postgres.Std, mysql.Std and sqlite.Std a *sql.Tx. Its table has
+// versioned migrations ([Schema]), applied by [New] unless
+// Config.NoMigrate. On MySQL the row is a plain INSERT into VARBINARY
+// columns, whose duplicate-key error (1062) is the duplicate, never INSERT
+// IGNORE; a table you manage yourself with narrower or non-binary columns
+// needs a strict sql_mode.
 //
 // # Guarantees
 //

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/sqldb"
 )
 
 // DefaultTable is the inbox table's default name.
@@ -18,8 +19,8 @@ const MaxGroupLength = 255
 
 // Config configures an [Inbox]. The zero value is usable.
 type Config struct {
-	// Table is the inbox table ("name" or "schema.name"; letters, digits
-	// and underscores). Default [DefaultTable].
+	// Table is the inbox table ([sqldb.Dialect.CheckTable]). Default
+	// [DefaultTable].
 	Table string
 	// Group is the consumer group the rows are keyed by. Default: the
 	// delivery's Group (the consumer's ConsumerConfig.Group).
@@ -38,9 +39,10 @@ type Config struct {
 	// PurgeBatch is the number of rows deleted per statement (and
 	// transaction) when purging. Default 1000.
 	PurgeBatch int
-	// SkipMigrate skips creating the table in [New] (the schema is
-	// managed elsewhere; see [Inbox.Migrate] for the DDL it expects).
-	SkipMigrate bool
+	// NoMigrate: [New] does not apply the table's migrations (the schema
+	// is managed elsewhere, e.g. by `idemq migrate up`; see [Schema] for
+	// the DDL it expects). Default false: it applies the pending ones.
+	NoMigrate bool
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Logger; default slog.Default().
@@ -55,9 +57,6 @@ var (
 	// ErrInvalidGroup: an empty group name or one longer than
 	// MaxGroupLength bytes.
 	ErrInvalidGroup = errors.New("inbox: invalid consumer group")
-	// ErrNoDuplicateKeyReporter: a driver for the MySQL dialect that is not
-	// a [DuplicateKeyReporter] (use inbox/mysql's driver).
-	ErrNoDuplicateKeyReporter = errors.New("inbox: the MySQL dialect needs a driver that reports duplicate keys (inbox/mysql.Driver)")
 )
 
 // HandlerFunc is the business handler: it runs inside the inbox
@@ -72,21 +71,20 @@ type HandlerFunc[T any] func(ctx context.Context, tx T, d *idemq.Delivery) error
 // Inbox writes one row per (group, message ID) in the same transaction as
 // the handler's effect. Create it with [New].
 type Inbox[T any] struct {
-	drv Driver[T]
-	dup DuplicateKeyReporter // when st.dupIsError
+	db  sqldb.Native[T]
+	d   *sqldb.Dialect
 	cfg Config
 	st  statements
 	log *slog.Logger
 }
 
-// New validates cfg, fills its defaults, creates the table unless
-// cfg.SkipMigrate, and returns the inbox.
-func New[T any](ctx context.Context, drv Driver[T], cfg Config) (*Inbox[T], error) {
-	if drv == nil {
-		return nil, errors.New("inbox: nil driver")
-	}
-	if !drv.Dialect().valid() {
-		return nil, fmt.Errorf("inbox: unknown dialect %q", drv.Dialect().name)
+// New validates cfg, fills its defaults, applies the table's pending
+// migrations unless cfg.NoMigrate, and returns the inbox on db:
+// postgres.Pgx(pool) (the handler receives a pgx.Tx), postgres.Std(db),
+// mysql.Std(db), sqlite.Std(db) (a *sql.Tx). The caller keeps owning db.
+func New[T any](ctx context.Context, db sqldb.Native[T], cfg Config) (*Inbox[T], error) {
+	if db == nil {
+		return nil, errors.New("inbox: nil DB")
 	}
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
@@ -115,19 +113,12 @@ func New[T any](ctx context.Context, drv Driver[T], cfg Config) (*Inbox[T], erro
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	st, err := drv.Dialect().statements(cfg.Table)
+	st, err := compile(db.Dialect(), cfg.Table)
 	if err != nil {
 		return nil, err
 	}
-	ib := &Inbox[T]{drv: drv, cfg: cfg, st: st, log: cfg.Logger.With("inbox", cfg.Table)}
-	if st.dupIsError {
-		dk, ok := drv.(DuplicateKeyReporter)
-		if !ok {
-			return nil, ErrNoDuplicateKeyReporter
-		}
-		ib.dup = dk
-	}
-	if !cfg.SkipMigrate {
+	ib := &Inbox[T]{db: db, d: db.Dialect(), cfg: cfg, st: st, log: cfg.Logger.With("inbox", cfg.Table)}
+	if !cfg.NoMigrate {
 		if err := ib.Migrate(ctx); err != nil {
 			return nil, err
 		}
@@ -142,33 +133,17 @@ func validGroup(g string) error {
 	return nil
 }
 
-// Driver returns the inbox's driver.
-func (ib *Inbox[T]) Driver() Driver[T] { return ib.drv }
+// DB returns the inbox's database.
+func (ib *Inbox[T]) DB() sqldb.Native[T] { return ib.db }
 
 // Config returns the effective configuration (defaults filled).
 func (ib *Inbox[T]) Config() Config { return ib.cfg }
 
-// Migrate creates the table and its received_at index if they do not exist.
-// It is idempotent and safe to run from many processes at once (PostgreSQL
-// serializes it on an advisory lock; MySQL's and SQLite's CREATE ... IF NOT
-// EXISTS are atomic).
+// Migrate applies the table's pending migrations ([Schema]). It is safe to
+// run from many processes at once.
 func (ib *Inbox[T]) Migrate(ctx context.Context) error {
-	tx, err := ib.drv.Begin(ctx)
-	if err != nil {
-		return Classify(fmt.Errorf("inbox: migrate %s: begin: %w", ib.cfg.Table, err))
-	}
-	for i, q := range ib.st.migrate {
-		var args []any
-		if i == 0 && ib.st.lockArgs != nil {
-			args = ib.st.lockArgs
-		}
-		if _, err := ib.drv.Exec(ctx, tx, q, args...); err != nil {
-			_ = ib.drv.Rollback(ctx, tx)
-			return Classify(fmt.Errorf("inbox: migrate %s: %w", ib.cfg.Table, err))
-		}
-	}
-	if err := ib.drv.Commit(ctx, tx); err != nil {
-		return Classify(fmt.Errorf("inbox: migrate %s: commit: %w", ib.cfg.Table, err))
+	if _, err := sqldb.Up(ctx, ib.db, 0, Schema(ib.cfg.Table)); err != nil {
+		return Classify(fmt.Errorf("inbox: migrate %s: %w", ib.cfg.Table, err))
 	}
 	return nil
 }
@@ -194,8 +169,8 @@ func (ib *Inbox[T]) key(d *idemq.Delivery) (group, id string, err error) {
 // insert writes the inbox row in tx; false means it was already there.
 // Only a duplicate key means that: any other refusal of the row (a value
 // too long for a user-managed column, a CHECK constraint, ...) is an error.
-func (ib *Inbox[T]) insert(ctx context.Context, tx T, group, id string) (bool, error) {
-	n, err := ib.drv.Exec(ctx, tx, ib.st.insert, group, id, ib.drv.Dialect().timeArg(ib.cfg.Now()))
+func (ib *Inbox[T]) insert(ctx context.Context, tx sqldb.Tx, group, id string) (bool, error) {
+	n, err := tx.Exec(ctx, ib.st.insert, group, id, ib.d.Time(ib.cfg.Now()))
 	if err != nil {
 		if ib.isDuplicate(err) {
 			return false, nil
@@ -208,7 +183,7 @@ func (ib *Inbox[T]) insert(ctx context.Context, tx T, group, id string) (bool, e
 // isDuplicate reports whether err is an insert failing on an existing row
 // (dialects whose insert does not skip it).
 func (ib *Inbox[T]) isDuplicate(err error) bool {
-	return ib.st.dupIsError && ib.dup.IsDuplicateKey(err)
+	return ib.st.dupIsError && ib.d.IsDuplicateKey(err)
 }
 
 // Handler returns the innermost idemq handler: per delivery it begins a
@@ -236,7 +211,7 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	if err != nil {
 		return err
 	}
-	tx, err := ib.drv.Begin(ctx)
+	native, tx, err := ib.db.BeginNative(ctx)
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: begin: %w", err))
 	}
@@ -245,7 +220,7 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 		if !done {
 			// A panic in h (re-raised to the Recover middleware) or an
 			// early return: never leave the transaction open.
-			_ = ib.drv.Rollback(context.WithoutCancel(ctx), tx)
+			_ = sqldb.Rollback(ctx, tx)
 		}
 	}()
 	fresh, err := ib.insert(ctx, tx, group, id)
@@ -254,19 +229,19 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	}
 	if !fresh {
 		done = true
-		_ = ib.drv.Rollback(ctx, tx)
+		_ = tx.Rollback(ctx)
 		ib.log.Debug("inbox: duplicate acked", "group", group, "message_id", id)
 		return idemq.ErrDuplicate
 	}
-	if err := h(ctx, tx, d); err != nil {
+	if err := h(ctx, native, d); err != nil {
 		done = true
-		if rbErr := ib.drv.Rollback(context.WithoutCancel(ctx), tx); rbErr != nil {
+		if rbErr := sqldb.Rollback(ctx, tx); rbErr != nil {
 			ib.log.Warn("inbox: rollback after handler error failed", "message_id", id, "err", rbErr)
 		}
 		return Classify(err) // a lost connection is not the message's fault
 	}
 	done = true
-	if err := ib.drv.Commit(ctx, tx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return Classify(fmt.Errorf("inbox: commit: %w", err))
 	}
 	return nil

@@ -4,20 +4,21 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/sqldb"
 )
 
-// Purge deletes the inbox rows received more than olderThan ago, batch rows
-// per statement, each batch in its own short transaction so it never holds
-// locks for long, until none is left. It returns how many rows it deleted.
-// olderThan <= 0 means the configured Window; batch <= 0 means PurgeBatch.
+// Purge deletes the inbox rows whose Window ended more than olderThan ago
+// (0: every row received more than Window ago), batch rows per statement
+// (batch <= 0: PurgeBatch), each batch in its own short transaction so it
+// never holds locks for long, until none is left. It returns how many rows
+// it deleted.
 func (ib *Inbox[T]) Purge(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
-	if olderThan <= 0 {
-		olderThan = ib.cfg.Window
-	}
+	olderThan = max(olderThan, 0)
 	if batch <= 0 {
 		batch = ib.cfg.PurgeBatch
 	}
-	cutoff := ib.drv.Dialect().timeArg(ib.cfg.Now().Add(-olderThan))
+	cutoff := ib.d.Time(ib.cfg.Now().Add(-ib.cfg.Window - olderThan))
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -35,16 +36,16 @@ func (ib *Inbox[T]) Purge(ctx context.Context, olderThan time.Duration, batch in
 }
 
 func (ib *Inbox[T]) purgeOnce(ctx context.Context, cutoff any, batch int) (int64, error) {
-	tx, err := ib.drv.Begin(ctx)
+	tx, err := ib.db.Begin(ctx, sqldb.TxOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("inbox: purge: begin: %w", err)
 	}
-	n, err := ib.drv.Exec(ctx, tx, ib.st.purge, cutoff, batch)
+	n, err := tx.Exec(ctx, ib.st.purge, cutoff, batch)
 	if err != nil {
-		_ = ib.drv.Rollback(context.WithoutCancel(ctx), tx)
+		_ = sqldb.Rollback(ctx, tx)
 		return 0, fmt.Errorf("inbox: purge: %w", err)
 	}
-	if err := ib.drv.Commit(ctx, tx); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("inbox: purge: commit: %w", err)
 	}
 	return n, nil
@@ -58,7 +59,7 @@ func (ib *Inbox[T]) RunPurger(ctx context.Context) error {
 	t := time.NewTicker(ib.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
-		n, err := ib.Purge(ctx, ib.cfg.Window, ib.cfg.PurgeBatch)
+		n, err := ib.Purge(ctx, 0, ib.cfg.PurgeBatch)
 		if ctx.Err() != nil {
 			return nil
 		}

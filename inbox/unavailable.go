@@ -2,14 +2,10 @@ package inbox
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/sqldb"
 )
 
 // DependencyDatabase is the Dependency of the [idemq.UnavailableError]s the
@@ -17,82 +13,16 @@ import (
 const DependencyDatabase = "database"
 
 // ConnectionError reports whether err says the database could not be
-// reached or the connection to it was lost — not that a statement failed.
-// It knows, without importing any driver:
-//
-//   - network errors: *net.OpError, net.Error, ECONNREFUSED, ECONNRESET,
-//     EPIPE, ECONNABORTED, EHOSTUNREACH, ENETUNREACH, io.EOF and
-//     io.ErrUnexpectedEOF (the server closed the connection mid-query);
-//   - database/sql's driver.ErrBadConn;
-//   - errors with a SQLSTATE (a SQLState() string method: pgx's
-//     *pgconn.PgError) of class 08 (connection exception), 57P01..57P03
-//     (the server is shutting down, crashed, or not accepting connections
-//     yet) or 53300 (too many connections);
-//   - pgx's connect and closed-connection errors ("failed to connect to",
-//     "conn closed") and go-sql-driver/mysql's ErrInvalidConn ("invalid
-//     connection"), matched by their text in the error chain.
-//
+// reached or the connection to it was lost — not that a statement failed:
+// [sqldb.ConnectionError] (network errors, driver.ErrBadConn, SQLSTATE
+// class 08 and 57P01..57P03, 53300, the drivers' closed-connection errors).
 // Constraint violations, syntax errors and every other answer from the
 // server are not connection errors: they are the handler's failures.
 // context.Canceled and context.DeadlineExceeded are not one either (the
 // handler was cut short, or ran out of its time: a handler timeout is an
 // attempt, not an outage), nor is anything that says the handler timed out.
 func ConnectionError(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, idemq.ErrHandlerTimeout) {
-		return false
-	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return true
-	}
-	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE,
-		syscall.ECONNABORTED, syscall.EHOSTUNREACH, syscall.ENETUNREACH} {
-		if errors.Is(err, errno) {
-			return true
-		}
-	}
-	var sqlState interface{ SQLState() string }
-	if errors.As(err, &sqlState) {
-		// The server answered: only these codes mean it is going away or
-		// cannot take us.
-		s := sqlState.SQLState()
-		return strings.HasPrefix(s, "08") || s == "57P01" || s == "57P02" || s == "57P03" || s == "53300"
-	}
-	var op *net.OpError
-	if errors.As(err, &op) {
-		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	return walk(err, func(e error) bool {
-		msg := e.Error()
-		return strings.HasPrefix(msg, "failed to connect to") || msg == "conn closed" || msg == "invalid connection"
-	})
-}
-
-// walk reports whether f holds for err or anything it wraps.
-func walk(err error, f func(error) bool) bool {
-	for err != nil {
-		if f(err) {
-			return true
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				if walk(e, f) {
-					return true
-				}
-			}
-			return false
-		default:
-			return false
-		}
-	}
-	return false
+	return !errors.Is(err, idemq.ErrHandlerTimeout) && sqldb.ConnectionError(err)
 }
 
 // Classify returns err as an [idemq.UnavailableError] for the dependency
@@ -113,15 +43,15 @@ func Classify(err error) error {
 // (idemq.ConsumerConfig.Breaker.Probes) so a paused consumer resumes as soon
 // as the database is back. A failure is an [idemq.UnavailableError].
 func (ib *Inbox[T]) Probe(ctx context.Context) error {
-	tx, err := ib.drv.Begin(ctx)
+	tx, err := ib.db.Begin(ctx, sqldb.TxOptions{})
 	if err != nil {
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
-	if _, err := ib.drv.Exec(ctx, tx, "SELECT 1"); err != nil {
-		_ = ib.drv.Rollback(context.WithoutCancel(ctx), tx)
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		_ = sqldb.Rollback(ctx, tx)
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
-	if err := ib.drv.Rollback(ctx, tx); err != nil {
+	if err := tx.Rollback(ctx); err != nil {
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
 	return nil

@@ -6,22 +6,17 @@
 // confirms through an [idemq.Publisher], and marks a row sent only after its
 // confirm. Several relays share the work with FOR UPDATE SKIP LOCKED.
 //
-// This package imports no database driver. The dialects live in their own
-// packages so that a PostgreSQL user never compiles MySQL's or SQLite's
-// driver:
+// The store is a statement set over idemq's SQL layer (package sqldb) and
+// imports no database driver; hand it a database through a dialect
+// package (sqldb/postgres with LISTEN/NOTIFY, sqldb/mysql for MySQL 8 /
+// MariaDB >= 10.6, sqldb/sqlite for one relay), and your transaction the
+// one way, sqldb.StdTx(tx) or postgres.PgxTx(tx):
 //
-//	outbox/postgres  PostgreSQL (database/sql via pgx/v5/stdlib, or a pgx.Tx), LISTEN/NOTIFY
-//	outbox/mysql     MySQL 8 / MariaDB >= 10.6
-//	outbox/sqlite    SQLite (modernc.org/sqlite), one relay
-//
-// Usage:
-//
-//	store, _ := postgres.Open(dbURL, postgres.Config{})
-//	_ = store.Migrate(ctx)
-//	tx, _ := db.BeginTx(ctx, nil)
+//	store, _ := outbox.NewStore(ctx, postgres.Pgx(pool), outbox.StoreConfig{Listen: postgres.Listener(dbURL)}) // migrates
+//	tx, _ := pool.Begin(ctx)
 //	// ... business writes ...
-//	_ = store.Add(ctx, tx, outbox.Message{ID: "order-42-created", RoutingKey: "orders", Body: b})
-//	_ = tx.Commit()
+//	_ = store.Add(ctx, postgres.PgxTx(tx), outbox.Message{ID: "order-42-created", RoutingKey: "orders", Body: b})
+//	_ = tx.Commit(ctx)
 //
 //	relay := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: idemq.NewPublisher(...)})
 //	err := relay.Run(ctx) // until ctx is done; drains the batch in flight

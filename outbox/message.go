@@ -3,10 +3,10 @@ package outbox
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemq/idemq/sqldb"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -49,20 +49,10 @@ var (
 	// ErrInvalidMessage: Add refused a message (bad ID, oversized field,
 	// headers that do not encode as JSON).
 	ErrInvalidMessage = errors.New("outbox: invalid message")
-	// ErrInvalidTable: a table name that is not a plain (optionally
-	// schema-qualified) identifier.
-	ErrInvalidTable = errors.New("outbox: invalid table name")
 	// ErrNotFailed: an operator action on a row that does not exist or is
 	// not failed.
 	ErrNotFailed = errors.New("outbox: no such failed row")
 )
-
-// Execer is what Add needs from the caller's transaction. *sql.Tx satisfies
-// it; outbox/postgres adapts a pgx.Tx. (A *sql.DB satisfies it too, which
-// adds outside any transaction.)
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
 
 // State of an outbox row.
 type State string
@@ -89,15 +79,13 @@ type Stats struct {
 	Lag     time.Duration // age of the oldest pending row; 0 when none
 }
 
-// Store is an outbox table in one SQL dialect. The dialect packages
-// implement it; the relay drives it. All methods are safe for concurrent use.
+// Store is an outbox table; [SQLStore] implements it for every SQL
+// dialect, the relay drives it. All methods are safe for concurrent use.
 type Store interface {
-	// Migrate creates or upgrades the table; idempotent and safe to run
-	// from several processes at once.
-	Migrate(ctx context.Context) error
-	// Add inserts msgs into the outbox inside tx. Nothing is visible to a
+	// Add inserts msgs into the outbox inside tx (your transaction:
+	// sqldb.StdTx(tx) or postgres.PgxTx(tx)). Nothing is visible to a
 	// relay until tx commits; a rollback removes them.
-	Add(ctx context.Context, tx Execer, msgs ...Message) error
+	Add(ctx context.Context, tx sqldb.Querier, msgs ...Message) error
 	// Claim leases up to limit claimable rows to owner for lease, in id
 	// order, incrementing their attempts.
 	Claim(ctx context.Context, owner string, limit int, lease time.Duration, ordered bool) ([]Row, error)
@@ -107,8 +95,8 @@ type Store interface {
 	Retry(ctx context.Context, owner string, id int64, delay time.Duration, lastErr string) error
 	// Fail marks a pending row owned by owner failed with the reason.
 	Fail(ctx context.Context, owner string, id int64, reason string) error
-	// Purge deletes up to limit rows sent more than retention ago.
-	Purge(ctx context.Context, retention time.Duration, limit int) (int64, error)
+	// Purge deletes up to limit rows sent more than olderThan ago.
+	Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
 	// Stats reports the pending backlog.
 	Stats(ctx context.Context) (Stats, error)
 	// Count returns how many rows are in each state (for tests and tools).

@@ -53,17 +53,6 @@ func TestEncodeHeadersRejects(t *testing.T) {
 	}
 }
 
-func TestCheckTable(t *testing.T) {
-	for name, ok := range map[string]bool{
-		"idemq_outbox": true, "app.outbox": true, "_x1": true,
-		"": false, "1abc": false, "a;drop": false, "a.b.c": false, `a"b`: false, "a b": false,
-	} {
-		if err := CheckTable(name); (err == nil) != ok {
-			t.Errorf("CheckTable(%q) = %v, want ok=%v", name, err, ok)
-		}
-	}
-}
-
 // FuzzDecodeHeaders: stored headers are read back from the database; any
 // text must decode to a table the AMQP encoder accepts, or to an error.
 func FuzzDecodeHeaders(f *testing.F) {

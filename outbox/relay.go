@@ -103,8 +103,6 @@ type RelayConfig struct {
 	PurgeBatch    int
 	// StatsInterval between lag/pending refreshes. Default 5s.
 	StatsInterval time.Duration
-	// SkipMigrate: do not create/upgrade the table in Run.
-	SkipMigrate bool
 	// Recorder receives the relay's counters. Optional.
 	Recorder idemq.Recorder
 	// Logger; default slog.Default().
@@ -215,18 +213,10 @@ func (r *Relay) Wake() {
 
 // Run relays until ctx is done, then finishes the batch in flight (its
 // publishes and marks) and returns nil. It returns an error only when the
-// configuration is unusable or the migration fails.
+// configuration is unusable.
 func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Store == nil || r.cfg.Publisher == nil {
 		return errors.New("outbox: RelayConfig.Store and RelayConfig.Publisher are required")
-	}
-	if !r.cfg.SkipMigrate {
-		if err := r.cfg.Store.Migrate(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
 	}
 	bg, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

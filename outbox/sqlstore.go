@@ -5,137 +5,206 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemq/idemq/sqldb"
 )
 
 // DefaultTable is the outbox table name when none is configured.
 const DefaultTable = "idemq_outbox"
 
-var tableRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$`)
+// Component names the outbox table in the migrations table.
+const Component = "outbox"
 
-// CheckTable validates a table name: a plain identifier, optionally
-// schema-qualified ("app.outbox"). It is used unquoted in SQL.
-func CheckTable(name string) error {
-	if !tableRE.MatchString(name) {
-		return fmt.Errorf("%w: %q (want [schema.]identifier)", ErrInvalidTable, name)
-	}
-	return nil
+// StoreConfig configures a [SQLStore]. The zero value is usable.
+type StoreConfig struct {
+	// Table is the outbox table ([sqldb.Dialect.CheckTable]). Default
+	// [DefaultTable].
+	Table string
+	// NoMigrate: [NewStore] does not apply the table's migrations (the
+	// schema is managed elsewhere, e.g. by `idemq migrate up`). Default
+	// false: it applies the pending ones.
+	NoMigrate bool
+	// Channel is the PostgreSQL NOTIFY channel Add signals on and Listen
+	// listens to. Default: the table name with dots replaced by
+	// underscores (at most 63 bytes).
+	Channel string
+	// Listen, when set, makes the store a [Waker]: it listens on Channel
+	// and wakes the relay as soon as a row commits (PostgreSQL:
+	// postgres.Listener(url)). Default nil: the relay polls.
+	Listen func(ctx context.Context, channel string, wake func()) error
 }
 
-// Dialect is what [SQLStore] needs to know about one SQL dialect. The dialect
-// packages fill it in; applications do not need it.
-type Dialect struct {
-	// Name for errors and logs: "postgres", "mysql", "sqlite".
-	Name string
-	// Dollar makes placeholders $1, $2, … instead of ?.
-	Dollar bool
-	// Now is the SQL expression for the current time.
-	Now string
-	// NowPlusMillis returns an expression for now plus the placeholder ph
-	// milliseconds (ph may be negative).
-	NowPlusMillis func(ph string) string
-	// AgeSeconds returns an expression for the age in seconds of the time
-	// expression col (a float).
-	AgeSeconds func(col string) string
-	// HeadersIn wraps the headers placeholder in INSERT (e.g. a jsonb cast);
-	// HeadersOut wraps the column in SELECT. Identity when nil.
-	HeadersIn, HeadersOut func(string) string
-	// SkipLocked: append FOR UPDATE SKIP LOCKED to the claim's select.
-	SkipLocked bool
-	// UpdateReturning: claim with one UPDATE … WHERE id = ANY(ARRAY(SELECT
-	// … FOR UPDATE SKIP LOCKED)) RETURNING (PostgreSQL); otherwise select
-	// then update in one transaction. The ARRAY(…) makes the select an init
-	// plan, so the update probes the primary key for exactly the claimed
-	// ids instead of possibly hash-joining against a scan of the table.
-	UpdateReturning bool
-	// IDArray: pass a list of ids as one array parameter (id = ANY(?))
-	// instead of one placeholder per id (PostgreSQL). One statement text
-	// for every batch size: a single prepared statement, less to parse.
-	IDArray bool
-	// DeleteLimit: purge with DELETE … ORDER BY id LIMIT n (MySQL) instead
-	// of DELETE … WHERE id IN (SELECT … LIMIT n).
-	DeleteLimit bool
-	// ClaimTx are the options of the claim transaction.
-	ClaimTx *sql.TxOptions
-	// Migrate creates the table (idempotent, concurrency-safe).
-	Migrate func(ctx context.Context, db *sql.DB, table string) error
-	// AfterInsert, when set, is one more statement Add runs in the caller's
-	// transaction (PostgreSQL: pg_notify), with AfterInsertArgs.
-	AfterInsert     string
-	AfterInsertArgs []any
-}
-
-// SQLStore implements [Store] over database/sql for a [Dialect]. Dialect
-// packages embed it.
+// SQLStore implements [Store], [FailedRows] and [Waker] over idemq's SQL
+// layer: PostgreSQL (FOR UPDATE SKIP LOCKED, one UPDATE … RETURNING per
+// claim, NOTIFY on Add), MySQL 8 / MariaDB >= 10.6 (SKIP LOCKED, claims
+// in READ COMMITTED), SQLite (one relay).
 type SQLStore struct {
-	DB      *sql.DB
-	Dialect Dialect
-	table   string
+	db    sqldb.DB
+	d     *sqldb.Dialect
+	cfg   StoreConfig
+	table string // quoted
 
-	insertSQL string
+	insertSQL, notifySQL string
 }
 
-// NewSQLStore returns a store on db for table (default [DefaultTable]).
-func NewSQLStore(db *sql.DB, d Dialect, table string) (*SQLStore, error) {
-	if table == "" {
-		table = DefaultTable
+// NewStore returns the outbox store on db (postgres.Pgx(pool),
+// postgres.Std(db), mysql.Std(db), sqlite.Std(db)) and applies the table's
+// pending migrations unless cfg.NoMigrate. The caller keeps owning db.
+func NewStore(ctx context.Context, db sqldb.DB, cfg StoreConfig) (*SQLStore, error) {
+	if db == nil {
+		return nil, errors.New("outbox: nil DB")
 	}
-	if err := CheckTable(table); err != nil {
+	d := db.Dialect()
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	qt, err := d.QuoteTable(cfg.Table)
+	if err != nil {
 		return nil, err
 	}
-	if d.HeadersIn == nil {
-		d.HeadersIn = func(s string) string { return s }
+	if cfg.Channel == "" {
+		cfg.Channel = strings.ReplaceAll(cfg.Table, ".", "_")
 	}
-	if d.HeadersOut == nil {
-		d.HeadersOut = func(s string) string { return s }
+	if len(cfg.Channel) > 63 {
+		cfg.Channel = cfg.Channel[:63]
 	}
-	s := &SQLStore{DB: db, Dialect: d, table: table}
-	s.insertSQL = s.rebind(fmt.Sprintf(
-		"INSERT INTO %s (message_id, exchange, routing_key, content_type, headers, body, ordering_key) VALUES (?, ?, ?, ?, %s, ?, ?)",
-		table, d.HeadersIn("?")))
+	s := &SQLStore{db: db, d: d, cfg: cfg, table: qt}
+	hdr := "?"
+	if d.Name == sqldb.Postgres {
+		hdr = "?::jsonb"
+		s.notifySQL = "SELECT pg_notify($1, '')"
+	}
+	s.insertSQL = d.Rebind(fmt.Sprintf(
+		"INSERT INTO %s (message_id, exchange, routing_key, content_type, headers, body, ordering_key) VALUES (?, ?, ?, ?, %s, ?, ?)", qt, hdr))
+	if !cfg.NoMigrate {
+		if err := s.Migrate(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
-// Table implements [Store].
-func (s *SQLStore) Table() string { return s.table }
-
-// rebind turns ? placeholders into $n for dollar dialects. Queries here
-// never contain a literal '?'.
-func (s *SQLStore) rebind(q string) string {
-	if !s.Dialect.Dollar {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range q {
-		if r == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+// Schema returns the migrations of the outbox table named table, for
+// [sqldb.Up] and `idemq migrate`: version 1 creates the table, version 2
+// the indexes of the claim (pending rows, ordering keys, failed rows that
+// hold back their key) and of the purge (sent rows).
+func Schema(table string) sqldb.Schema {
+	return sqldb.Schema{Component: Component, Table: table, Migrations: []sqldb.Migration{
+		{Version: 1, Name: "create table", Up: map[string][]string{
+			sqldb.Postgres: {`CREATE TABLE IF NOT EXISTS {table} (
+	id           BIGSERIAL PRIMARY KEY,
+	message_id   TEXT NOT NULL,
+	exchange     TEXT NOT NULL DEFAULT '',
+	routing_key  TEXT NOT NULL DEFAULT '',
+	content_type TEXT NOT NULL DEFAULT '',
+	headers      JSONB,
+	body         BYTEA NOT NULL,
+	ordering_key TEXT,
+	state        TEXT NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'failed')),
+	attempts     INTEGER NOT NULL DEFAULT 0,
+	last_error   TEXT,
+	owner        TEXT,
+	locked_until TIMESTAMPTZ,
+	available_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+	created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+	sent_at      TIMESTAMPTZ
+)`},
+			sqldb.MySQL: {`CREATE TABLE IF NOT EXISTS {table} (
+	id           BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+	message_id   VARCHAR(255) NOT NULL,
+	exchange     VARCHAR(255) NOT NULL DEFAULT '',
+	routing_key  VARCHAR(255) NOT NULL DEFAULT '',
+	content_type VARCHAR(255) NOT NULL DEFAULT '',
+	headers      LONGTEXT NULL,
+	body         LONGBLOB NOT NULL,
+	ordering_key VARCHAR(255) NULL,
+	state        VARCHAR(16) NOT NULL DEFAULT 'pending',
+	attempts     INT NOT NULL DEFAULT 0,
+	last_error   TEXT NULL,
+	owner        VARCHAR(255) NULL,
+	locked_until DATETIME(6) NULL,
+	available_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+	created_at   DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+	sent_at      DATETIME(6) NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin`},
+			sqldb.SQLite: {`CREATE TABLE IF NOT EXISTS {table} (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	message_id   TEXT NOT NULL,
+	exchange     TEXT NOT NULL DEFAULT '',
+	routing_key  TEXT NOT NULL DEFAULT '',
+	content_type TEXT NOT NULL DEFAULT '',
+	headers      TEXT,
+	body         BLOB NOT NULL,
+	ordering_key TEXT,
+	state        TEXT NOT NULL DEFAULT 'pending',
+	attempts     INTEGER NOT NULL DEFAULT 0,
+	last_error   TEXT,
+	owner        TEXT,
+	locked_until TEXT,
+	available_at TEXT NOT NULL DEFAULT ({ts}),
+	created_at   TEXT NOT NULL DEFAULT ({ts}),
+	sent_at      TEXT
+)`},
+		}},
+		{Version: 2, Name: "claim and purge indexes", Up: map[string][]string{
+			sqldb.Postgres: partialIndexes,
+			sqldb.MySQL: {
+				`CREATE INDEX {idx:_state} ON {table} (state, id)`,
+				`CREATE INDEX {idx:_key} ON {table} (ordering_key, state, id)`,
+				`CREATE INDEX {idx:_sent} ON {table} (state, sent_at)`,
+			},
+			sqldb.SQLite: partialIndexes,
+		}},
+	}}
 }
+
+var partialIndexes = []string{
+	`CREATE INDEX IF NOT EXISTS {idx:_pending} ON {table} (id) WHERE state = 'pending'`,
+	`CREATE INDEX IF NOT EXISTS {idx:_key} ON {table} (ordering_key, id) WHERE state = 'pending' AND ordering_key IS NOT NULL`,
+	`CREATE INDEX IF NOT EXISTS {idx:_sent} ON {table} (sent_at) WHERE state = 'sent'`,
+	// Failed rows hold back their ordering key (ordered claims).
+	`CREATE INDEX IF NOT EXISTS {idx:_failed_key} ON {table} (ordering_key, id) WHERE state = 'failed' AND ordering_key IS NOT NULL`,
+}
+
+// Channel is the NOTIFY channel Add signals on (PostgreSQL).
+func (s *SQLStore) Channel() string { return s.cfg.Channel }
+
+// Listen implements [Waker] with StoreConfig.Listen; without it, it
+// returns at once and the relay polls.
+func (s *SQLStore) Listen(ctx context.Context, wake func()) error {
+	if s.cfg.Listen == nil {
+		return nil
+	}
+	return s.cfg.Listen(ctx, s.cfg.Channel, wake)
+}
+
+// Table implements [Store].
+func (s *SQLStore) Table() string { return s.cfg.Table }
+
+// DB is the store's database.
+func (s *SQLStore) DB() sqldb.DB { return s.db }
+
+func (s *SQLStore) rebind(q string) string { return s.d.Rebind(q) }
 
 func (s *SQLStore) errf(op string, err error) error {
-	return fmt.Errorf("outbox(%s): %s %s: %w", s.Dialect.Name, op, s.table, err)
+	return fmt.Errorf("outbox(%s): %s %s: %w", s.d.Name, op, s.cfg.Table, err)
 }
 
-// Migrate implements [Store].
+// Migrate applies the table's pending migrations ([Schema]); safe to run
+// from several processes at once.
 func (s *SQLStore) Migrate(ctx context.Context) error {
-	if err := s.Dialect.Migrate(ctx, s.DB, s.table); err != nil {
+	if _, err := sqldb.Up(ctx, s.db, 0, Schema(s.cfg.Table)); err != nil {
 		return s.errf("migrate", err)
 	}
 	return nil
 }
 
 // Add implements [Store].
-func (s *SQLStore) Add(ctx context.Context, tx Execer, msgs ...Message) error {
+func (s *SQLStore) Add(ctx context.Context, tx sqldb.Querier, msgs ...Message) error {
 	if tx == nil {
 		return fmt.Errorf("outbox: Add needs a transaction")
 	}
@@ -159,12 +228,12 @@ func (s *SQLStore) Add(ctx context.Context, tx Execer, msgs ...Message) error {
 		if body == nil {
 			body = []byte{}
 		}
-		if _, err := tx.ExecContext(ctx, s.insertSQL, m.ID, m.Exchange, m.RoutingKey, m.ContentType, hv, body, kv); err != nil {
+		if _, err := tx.Exec(ctx, s.insertSQL, m.ID, m.Exchange, m.RoutingKey, m.ContentType, hv, body, kv); err != nil {
 			return s.errf("add "+strconv.Quote(m.ID)+" to", err)
 		}
 	}
-	if s.Dialect.AfterInsert != "" && len(msgs) > 0 {
-		if _, err := tx.ExecContext(ctx, s.Dialect.AfterInsert, s.Dialect.AfterInsertArgs...); err != nil {
+	if s.notifySQL != "" && len(msgs) > 0 {
+		if _, err := tx.Exec(ctx, s.notifySQL, s.cfg.Channel); err != nil {
 			return s.errf("notify for", err)
 		}
 	}
@@ -172,11 +241,15 @@ func (s *SQLStore) Add(ctx context.Context, tx Execer, msgs ...Message) error {
 }
 
 func (s *SQLStore) cols() string {
-	return "id, message_id, exchange, routing_key, content_type, " + s.Dialect.HeadersOut("headers") + ", body, ordering_key, attempts"
+	hdr := "headers"
+	if s.d.Name == sqldb.Postgres {
+		hdr = "headers::text"
+	}
+	return "id, message_id, exchange, routing_key, content_type, " + hdr + ", body, ordering_key, attempts"
 }
 
 func (s *SQLStore) claimWhere(ordered bool) string {
-	now := s.Dialect.Now
+	now := s.d.Now
 	w := fmt.Sprintf("c.state = 'pending' AND c.available_at <= %s AND (c.locked_until IS NULL OR c.locked_until < %s)", now, now)
 	if ordered {
 		// An earlier pending row of the key, or an earlier failed one (an
@@ -203,7 +276,9 @@ func int64Args(ids []int64) []any {
 // idList returns the condition on id ("IN (?, …)" or "= ANY(?)") matching
 // ids, and its arguments.
 func (s *SQLStore) idList(ids []int64) (string, []any) {
-	if s.Dialect.IDArray {
+	if s.d.Name == sqldb.Postgres {
+		// One array parameter: one statement text for every batch size
+		// (a single prepared statement, less to parse).
 		return "= ANY(?)", []any{ids}
 	}
 	return "IN (" + placeholders(len(ids)) + ")", int64Args(ids)
@@ -239,16 +314,20 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 	if leaseMS < 1 {
 		leaseMS = 1
 	}
-	d := s.Dialect
+	d := s.d
 	lock := ""
-	if d.SkipLocked {
+	if d.Name != sqldb.SQLite {
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
-	if d.UpdateReturning {
+	if d.Name == sqldb.Postgres {
+		// One UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP
+		// LOCKED)) RETURNING: the ARRAY(…) makes the select an init plan,
+		// so the update probes the primary key for exactly the claimed ids
+		// instead of possibly hash-joining against a scan of the table.
 		q := s.rebind(fmt.Sprintf(
 			"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ?%[4]s)) RETURNING %[5]s",
 			s.table, d.NowPlusMillis("?"), s.claimWhere(ordered), lock, s.cols()))
-		rows, err := s.DB.QueryContext(ctx, q, owner, leaseMS, limit)
+		rows, err := s.db.Query(ctx, q, owner, leaseMS, limit)
 		if err != nil {
 			return nil, s.errf("claim from", err)
 		}
@@ -268,14 +347,16 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 		return out, nil
 	}
 
-	tx, err := s.DB.BeginTx(ctx, d.ClaimTx)
+	// MySQL in READ COMMITTED: no gap locks, so concurrent claims and
+	// inserts do not deadlock on the pending index.
+	tx, err := s.db.Begin(ctx, sqldb.TxOptions{ReadCommitted: d.Name == sqldb.MySQL})
 	if err != nil {
 		return nil, s.errf("claim (begin) from", err)
 	}
-	defer tx.Rollback()
+	defer func() { _ = sqldb.Rollback(ctx, tx) }()
 	q := s.rebind(fmt.Sprintf("SELECT %s FROM %s c WHERE %s ORDER BY c.id LIMIT ?%s",
 		s.cols(), s.table, s.claimWhere(ordered), lock))
-	rows, err := tx.QueryContext(ctx, q, limit)
+	rows, err := tx.Query(ctx, q, limit)
 	if err != nil {
 		return nil, s.errf("claim from", err)
 	}
@@ -294,7 +375,7 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 		return nil, s.errf("claim from", err)
 	}
 	if len(out) == 0 {
-		return nil, tx.Commit()
+		return nil, tx.Commit(ctx)
 	}
 	ids := make([]int64, len(out))
 	for i := range out {
@@ -302,10 +383,10 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 	}
 	u := s.rebind(fmt.Sprintf("UPDATE %s SET owner = ?, locked_until = %s, attempts = attempts + 1 WHERE id IN (%s)",
 		s.table, d.NowPlusMillis("?"), placeholders(len(ids))))
-	if _, err := tx.ExecContext(ctx, u, append([]any{owner, leaseMS}, int64Args(ids)...)...); err != nil {
+	if _, err := tx.Exec(ctx, u, append([]any{owner, leaseMS}, int64Args(ids)...)...); err != nil {
 		return nil, s.errf("claim (lease) in", err)
 	}
-	if err := tx.Commit(); err != nil {
+	if err := tx.Commit(ctx); err != nil {
 		return nil, s.errf("claim (commit) in", err)
 	}
 	return out, nil
@@ -319,8 +400,8 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 	}
 	in, args := s.idList(ids)
 	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL WHERE state = 'pending' AND id %s",
-		s.table, s.Dialect.Now, in))
-	if _, err := s.DB.ExecContext(ctx, q, args...); err != nil {
+		s.table, s.d.Now, in))
+	if _, err := s.db.Exec(ctx, q, args...); err != nil {
 		return s.errf("mark sent in", err)
 	}
 	return nil
@@ -329,8 +410,8 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 // Retry implements [Store].
 func (s *SQLStore) Retry(ctx context.Context, owner string, id int64, delay time.Duration, lastErr string) error {
 	q := s.rebind(fmt.Sprintf("UPDATE %s SET owner = NULL, locked_until = NULL, available_at = %s, last_error = ? WHERE id = ? AND state = 'pending' AND owner = ?",
-		s.table, s.Dialect.NowPlusMillis("?")))
-	if _, err := s.DB.ExecContext(ctx, q, delay.Milliseconds(), truncate(lastErr, 2000), id, owner); err != nil {
+		s.table, s.d.NowPlusMillis("?")))
+	if _, err := s.db.Exec(ctx, q, delay.Milliseconds(), truncate(lastErr, 2000), id, owner); err != nil {
 		return s.errf("retry in", err)
 	}
 	return nil
@@ -339,40 +420,40 @@ func (s *SQLStore) Retry(ctx context.Context, owner string, id int64, delay time
 // Fail implements [Store].
 func (s *SQLStore) Fail(ctx context.Context, owner string, id int64, reason string) error {
 	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'failed', owner = NULL, locked_until = NULL, last_error = ? WHERE id = ? AND state = 'pending' AND owner = ?", s.table))
-	if _, err := s.DB.ExecContext(ctx, q, truncate(reason, 2000), id, owner); err != nil {
+	if _, err := s.db.Exec(ctx, q, truncate(reason, 2000), id, owner); err != nil {
 		return s.errf("fail in", err)
 	}
 	return nil
 }
 
-// Purge implements [Store].
-func (s *SQLStore) Purge(ctx context.Context, retention time.Duration, limit int) (int64, error) {
+// Purge implements [Store]: it deletes at most limit (default 1000) rows
+// sent more than olderThan ago.
+func (s *SQLStore) Purge(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	if limit <= 0 {
 		limit = 1000
 	}
-	cutoff := s.Dialect.NowPlusMillis("?")
+	cutoff := s.d.NowPlusMillis("?")
 	var q string
-	if s.Dialect.DeleteLimit {
+	if s.d.Name == sqldb.MySQL {
 		q = fmt.Sprintf("DELETE FROM %s WHERE state = 'sent' AND sent_at < %s ORDER BY id LIMIT ?", s.table, cutoff)
 	} else {
 		q = fmt.Sprintf("DELETE FROM %[1]s WHERE id IN (SELECT id FROM %[1]s WHERE state = 'sent' AND sent_at < %[2]s ORDER BY id LIMIT ?)", s.table, cutoff)
 	}
-	res, err := s.DB.ExecContext(ctx, s.rebind(q), -retention.Milliseconds(), limit)
+	n, err := s.db.Exec(ctx, s.rebind(q), -max(olderThan, 0).Milliseconds(), limit)
 	if err != nil {
 		return 0, s.errf("purge", err)
 	}
-	n, _ := res.RowsAffected()
 	return n, nil
 }
 
 // Stats implements [Store].
 func (s *SQLStore) Stats(ctx context.Context) (Stats, error) {
 	q := fmt.Sprintf("SELECT COUNT(*), MIN(created_at) IS NOT NULL, COALESCE(%s, 0) FROM %s WHERE state = 'pending'",
-		s.Dialect.AgeSeconds("MIN(created_at)"), s.table)
+		s.d.AgeSeconds("MIN(created_at)"), s.table)
 	var st Stats
 	var any bool
 	var age float64
-	if err := s.DB.QueryRowContext(ctx, q).Scan(&st.Pending, &any, &age); err != nil {
+	if err := s.db.QueryRow(ctx, q).Scan(&st.Pending, &any, &age); err != nil {
 		return st, s.errf("stats of", err)
 	}
 	if any && age > 0 {
@@ -383,7 +464,7 @@ func (s *SQLStore) Stats(ctx context.Context) (Stats, error) {
 
 // Count implements [Store].
 func (s *SQLStore) Count(ctx context.Context) (map[State]int64, error) {
-	rows, err := s.DB.QueryContext(ctx, fmt.Sprintf("SELECT state, COUNT(*) FROM %s GROUP BY state", s.table))
+	rows, err := s.db.Query(ctx, fmt.Sprintf("SELECT state, COUNT(*) FROM %s GROUP BY state", s.table))
 	if err != nil {
 		return nil, s.errf("count", err)
 	}
@@ -408,7 +489,7 @@ func (s *SQLStore) Blocked(ctx context.Context) ([]BlockedRow, error) {
 		" JOIN %[1]s p ON p.ordering_key = f.ordering_key AND p.state = 'pending' AND p.id > f.id"+
 		" WHERE f.state = 'failed' AND f.ordering_key IS NOT NULL"+
 		" GROUP BY f.id, f.message_id, f.ordering_key, f.last_error ORDER BY f.id", s.table)
-	rows, err := s.DB.QueryContext(ctx, q)
+	rows, err := s.db.Query(ctx, q)
 	if err != nil {
 		return nil, s.errf("list blocked in", err)
 	}
@@ -430,15 +511,13 @@ func (s *SQLStore) Blocked(ctx context.Context) ([]BlockedRow, error) {
 // RetryFailed implements [FailedRows].
 func (s *SQLStore) RetryFailed(ctx context.Context, id int64) error {
 	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'pending', attempts = 0, owner = NULL, locked_until = NULL, available_at = %s WHERE id = ? AND state = 'failed'",
-		s.table, s.Dialect.Now))
-	res, err := s.DB.ExecContext(ctx, q, id)
+		s.table, s.d.Now))
+	n, err := s.db.Exec(ctx, q, id)
 	if err != nil {
 		return s.errf("retry failed row in", err)
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return s.errf("retry failed row in", err)
-	} else if n == 0 {
-		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.table)
+	if n == 0 {
+		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.cfg.Table)
 	}
 	return nil
 }
@@ -447,8 +526,8 @@ func (s *SQLStore) RetryFailed(ctx context.Context, id int64) error {
 func (s *SQLStore) SkipFailed(ctx context.Context, id int64) error {
 	var key, lastErr sql.NullString
 	q := s.rebind(fmt.Sprintf("SELECT ordering_key, last_error FROM %s WHERE id = ? AND state = 'failed'", s.table))
-	if err := s.DB.QueryRowContext(ctx, q, id).Scan(&key, &lastErr); errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.table)
+	if err := s.db.QueryRow(ctx, q, id).Scan(&key, &lastErr); errors.Is(err, sqldb.ErrNoRows) {
+		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.cfg.Table)
 	} else if err != nil {
 		return s.errf("skip failed row in", err)
 	}
@@ -457,14 +536,12 @@ func (s *SQLStore) SkipFailed(ctx context.Context, id int64) error {
 	}
 	note := truncate(fmt.Sprintf("skipped by an operator, ordering key %q released; %s", key.String, lastErr.String), 2000)
 	u := s.rebind(fmt.Sprintf("UPDATE %s SET ordering_key = NULL, last_error = ? WHERE id = ? AND state = 'failed' AND ordering_key = ?", s.table))
-	res, err := s.DB.ExecContext(ctx, u, note, id, key.String)
+	n, err := s.db.Exec(ctx, u, note, id, key.String)
 	if err != nil {
 		return s.errf("skip failed row in", err)
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return s.errf("skip failed row in", err)
-	} else if n == 0 {
-		return fmt.Errorf("%w: id %d in %s (changed meanwhile)", ErrNotFailed, id, s.table)
+	if n == 0 {
+		return fmt.Errorf("%w: id %d in %s (changed meanwhile)", ErrNotFailed, id, s.cfg.Table)
 	}
 	return nil
 }
@@ -481,7 +558,7 @@ type RowInfo struct {
 
 // Rows lists every row's bookkeeping in id order (for tests and tools).
 func (s *SQLStore) Rows(ctx context.Context) ([]RowInfo, error) {
-	rows, err := s.DB.QueryContext(ctx, fmt.Sprintf("SELECT id, message_id, COALESCE(ordering_key, ''), state, attempts, COALESCE(last_error, '') FROM %s ORDER BY id", s.table))
+	rows, err := s.db.Query(ctx, fmt.Sprintf("SELECT id, message_id, COALESCE(ordering_key, ''), state, attempts, COALESCE(last_error, '') FROM %s ORDER BY id", s.table))
 	if err != nil {
 		return nil, s.errf("list", err)
 	}

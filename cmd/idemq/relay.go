@@ -16,9 +16,6 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/outbox/mysql"
-	"github.com/idemq/idemq/outbox/postgres"
-	"github.com/idemq/idemq/outbox/sqlite"
 )
 
 // Environment variables of the relay command.
@@ -247,22 +244,6 @@ func mysqlDSN(s string) (string, error) {
 	return dsn, nil
 }
 
-type closingStore interface {
-	outbox.Store
-	Close() error
-}
-
-func openStore(d relayDB, table string) (closingStore, error) {
-	switch d.dialect {
-	case "postgres":
-		return postgres.Open(d.dsn, postgres.Config{Table: table})
-	case "mysql":
-		return mysql.Open(d.dsn, mysql.Config{Table: table})
-	default:
-		return sqlite.Open(d.dsn, sqlite.Config{Table: table})
-	}
-}
-
 func relayLogger(cmd *cobra.Command, level, format string, secrets []string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
@@ -300,19 +281,15 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	if err != nil {
 		return err
 	}
-	d, err := resolveDB(f.db, f.dialect, os.Getenv)
+	ctx, d, db, closeDB, err := connect(cmd, f.db, f.dialect)
 	if err != nil {
 		return err
 	}
-	ctx := cmd.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	store, err := openStore(d, f.table)
+	defer closeDB()
+	store, err := openStore(ctx, d, db, f.table, f.noMigrate)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
 	var counters idemq.Counters
 	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log})
 	defer pub.Close()
@@ -320,7 +297,7 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 		Store: store, Publisher: pub, BatchSize: f.batch, Concurrency: f.concurrency, Lease: f.lease, PublishTimeout: f.publishTimeout,
 		PollInterval: f.poll, MaxPollInterval: f.maxPoll, DisableNotify: f.noNotify, Ordered: f.ordered,
 		MaxAttempts: f.maxAttempts, Retention: f.retention, PurgeInterval: f.purgeInterval,
-		StatsInterval: f.statsInterval, SkipMigrate: f.noMigrate, Recorder: &counters, Logger: log,
+		StatsInterval: f.statsInterval, Recorder: &counters, Logger: log,
 	})
 	log.Info("idemq relay starting", "dialect", d.dialect, "db", d.redacted(), "amqp", redactURL(amqpU),
 		"table", f.table, "owner", relay.Owner())

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -87,18 +86,14 @@ func newRelayFailedCmds() []*cobra.Command {
 }
 
 func withFailedRows(cmd *cobra.Command, f relayRowFlags, fn func(outbox.FailedRows) error) error {
-	d, err := resolveDB(f.db, f.dialect, os.Getenv)
+	ctx, d, db, closeDB, err := connect(cmd, f.db, f.dialect)
 	if err != nil {
 		return err
 	}
-	store, err := openStore(d, f.table)
+	defer closeDB()
+	store, err := openStore(ctx, d, db, f.table, true) // operator tools change no schema
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	fr, ok := store.(outbox.FailedRows)
-	if !ok {
-		return fmt.Errorf("the %s outbox store has no failed-row tools", d.dialect)
-	}
-	return fn(fr)
+	return fn(store)
 }

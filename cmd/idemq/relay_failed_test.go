@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/outbox/sqlite"
 )
 
 // TestRelayFailedRows: the operator's commands for a failed row that holds
@@ -15,33 +14,26 @@ import (
 // dialect by outboxtest).
 func TestRelayFailedRows(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "outbox.db")
-	s, err := sqlite.Open(path, sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	ctx := context.Background()
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s, db := testStore(ctx, t, relayDB{"sqlite", path})
 	var msgs []outbox.Message
 	for _, id := range []string{"K-1", "K-2", "J-1", "J-2"} {
 		msgs = append(msgs, outbox.Message{ID: id, RoutingKey: "q", OrderingKey: id[:1]})
 	}
-	if err := s.Add(ctx, s.DB, msgs...); err != nil {
+	if err := s.Add(ctx, db, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.DB.ExecContext(ctx, "UPDATE idemq_outbox SET state = 'failed', last_error = 'unroutable: test' WHERE message_id IN ('K-1', 'J-1')"); err != nil {
+	if _, err := db.Exec(ctx, "UPDATE idemq_outbox SET state = 'failed', last_error = 'unroutable: test' WHERE message_id IN ('K-1', 'J-1')"); err != nil {
 		t.Fatal(err)
 	}
-	db := "sqlite://" + path
-	out := mustRun(t, "", "relay", "blocked", "--db", db)
+	url := "sqlite://" + path
+	out := mustRun(t, "", "relay", "blocked", "--db", url)
 	if !strings.Contains(out, `row 1	message_id "K-1"	ordering_key "K"	waiting 1`) || !strings.Contains(out, `row 3	message_id "J-1"`) {
 		t.Fatalf("relay blocked:\n%s", out)
 	}
-	mustRun(t, "", "relay", "skip-failed", "--db", db, "3")
-	mustRun(t, "", "relay", "retry-failed", "--db", db, "1")
-	if out := mustRun(t, "", "relay", "blocked", "--db", db); !strings.Contains(out, "no failed row") {
+	mustRun(t, "", "relay", "skip-failed", "--db", url, "3")
+	mustRun(t, "", "relay", "retry-failed", "--db", url, "1")
+	if out := mustRun(t, "", "relay", "blocked", "--db", url); !strings.Contains(out, "no failed row") {
 		t.Fatalf("relay blocked after skip and retry:\n%s", out)
 	}
 	rows, err := s.Rows(ctx)
@@ -61,7 +53,7 @@ func TestRelayFailedRows(t *testing.T) {
 		}
 	}
 	for _, cmd := range []string{"retry-failed", "skip-failed"} {
-		if _, _, err := runCLI(t, "", "relay", cmd, "--db", db, "2"); err == nil || !strings.Contains(err.Error(), "no such failed row") {
+		if _, _, err := runCLI(t, "", "relay", cmd, "--db", url, "2"); err == nil || !strings.Contains(err.Error(), "no such failed row") {
 			t.Errorf("%s of a pending row: err = %v, want no such failed row", cmd, err)
 		}
 	}

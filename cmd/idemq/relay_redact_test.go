@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/outbox/sqlite"
 )
 
 // TestRelayNeverShowsThePassword feeds the relay every DSN form with a
@@ -87,24 +86,10 @@ func TestRelayNeverShowsThePassword(t *testing.T) {
 func TestRelayMalformedAMQPURLNotLogged(t *testing.T) {
 	const secret = "Pl4nted-S3cret"
 	path := testenv.SQLitePath(t)
-	store, err := sqlite.Open(path, sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := store.DB.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Add(ctx, tx, outbox.Message{ID: "m-1", RoutingKey: "nowhere", Body: []byte("x")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
+	store, db := testStore(ctx, t, relayDB{"sqlite", path})
+	if err := store.Add(ctx, db, outbox.Message{ID: "m-1", RoutingKey: "nowhere", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	cmd := newRootCmd()

@@ -16,8 +16,6 @@ import (
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/outbox/postgres"
-	"github.com/idemq/idemq/outbox/sqlite"
 )
 
 func TestResolveDB(t *testing.T) {
@@ -96,27 +94,13 @@ func TestRelayCommandSQLite(t *testing.T) {
 	amqpURL := testenv.RequireAMQP(t)
 	path := testenv.SQLitePath(t)
 	q := testenv.Queue(t, nil)
-	store, err := sqlite.Open(path, sqlite.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	tx, err := store.DB.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, db := testStore(ctx, t, relayDB{"sqlite", path})
 	for _, id := range []string{"cli-1", "cli-2", "cli-3"} {
-		if err := store.Add(ctx, tx, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
+		if err := store.Add(ctx, db, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
 	}
 
 	cmd := newRootCmd()
@@ -192,16 +176,9 @@ func TestRelayCommandSIGTERM(t *testing.T) {
 	testenv.RequireAMQP(t)
 	dsn := testenv.PostgresDB(t)
 	q := testenv.Queue(t, nil)
-	store, err := postgres.Open(dsn, postgres.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	store, db := testStore(ctx, t, relayDB{"postgres", dsn})
 
 	args := []string{"relay", "--db", dsn, "--max-poll", "1m", "--poll", "1m", "--log-format", "text"}
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperRelayMain$")
@@ -216,14 +193,7 @@ func TestRelayCommandSIGTERM(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "relay started", func() bool {
 		return strings.Contains(logs.String(), "outbox relay started")
 	})
-	tx, err := store.DB.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Add(ctx, tx, outbox.Message{ID: "sigterm-1", RoutingKey: q, Body: []byte("x")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
+	if err := store.Add(ctx, db, outbox.Message{ID: "sigterm-1", RoutingKey: q, Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	var got []string

@@ -37,6 +37,7 @@ func TestConformanceMemoryLeasesLocalFilterMemoryVerifier(t *testing.T) {
 			s, _ := bloom.NewStore(bloom.StoreConfig{Leases: leases, Filter: f, Verifier: bloom.RecordOfTruth(truth)})
 			return s
 		},
+		Features: storetest.Features{Parallel: true},
 	})
 }
 

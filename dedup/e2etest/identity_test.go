@@ -18,8 +18,8 @@ import (
 	"github.com/idemq/idemq/dedup/bloom/redisbloom"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
-	pginbox "github.com/idemq/idemq/inbox/postgres"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sqldb/postgres"
 )
 
 // One identity, end to end. The message ID comes from an extractor only —
@@ -121,7 +121,7 @@ func newIdentityFixture(t *testing.T, layer string) *identityFixture {
 			t.Fatal(err)
 		}
 		t.Cleanup(pool.Close)
-		if ib, err = pginbox.New(context.Background(), pool, inbox.Config{Logger: quiet()}); err != nil {
+		if ib, err = inbox.New(context.Background(), postgres.Pgx(pool), inbox.Config{Logger: quiet()}); err != nil {
 			t.Fatal(err)
 		}
 		f.handler = ib.Handler(func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error { f.effect(d); return nil })

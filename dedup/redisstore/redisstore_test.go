@@ -29,6 +29,7 @@ func TestConformance(t *testing.T) {
 					t.Cleanup(func() { c.Close() })
 					return redisstore.New(c, redisstore.Config{AutoPipeline: auto})
 				},
+				Features: storetest.Features{Batch: true, Parallel: true},
 			})
 		})
 	}

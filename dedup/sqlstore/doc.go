@@ -1,11 +1,12 @@
-// Package sqlstore is the dialect-neutral core of the SQL dedup stores: one
-// [dedup.Store] (and [dedup.Inspector]) over a table with a primary key on the
-// record key, run through the small [DB] interface. It imports no SQL driver;
-// pick a dialect package, which brings only its own driver:
+// Package sqlstore is the SQL dedup store: one [dedup.Store] (and
+// [dedup.Inspector]) over a table with a primary key on the record key, a
+// statement set over idemq's SQL layer (package sqldb). It imports no SQL
+// driver; hand it a database through a dialect package, which brings only
+// its own driver:
 //
-//	dedup/sqlstore/postgres  PostgreSQL through pgx (a *pgxpool.Pool, or a *sql.DB via pgx/v5/stdlib)
-//	dedup/sqlstore/mysql     MySQL and MariaDB (InnoDB) through go-sql-driver/mysql
-//	dedup/sqlstore/sqlite    SQLite through modernc.org/sqlite (no cgo)
+//	store, err := sqlstore.New(ctx, postgres.Pgx(pool), sqlstore.Config{}) // sqldb/postgres
+//	store, err := sqlstore.New(ctx, mysql.Std(db), sqlstore.Config{})      // sqldb/mysql
+//	store, err := sqlstore.New(ctx, sqlite.Std(db), sqlstore.Config{})     // sqldb/sqlite
 //
 // # Table
 //
@@ -19,9 +20,9 @@
 //	expires_at end of the lease (processing) or of the dedup window (done),
 //	           Unix milliseconds (BIGINT), indexed for the purge
 //
-// [Store.Migrate] (run by the dialect packages' constructors unless
-// [Config.NoMigrate]) creates the table and index; it is idempotent and safe
-// when several processes run it at once.
+// The table has versioned migrations ([Schema]): [New] applies the
+// pending ones unless [Config.NoMigrate] (`idemq migrate up` does it from
+// the command line); several processes may start at once.
 //
 // # Clock
 //
@@ -56,6 +57,7 @@
 // # Purge
 //
 // Expired rows are harmless (treated as absent) but take space. [Store.Purge]
-// deletes them in batches of a bounded size (short statements, short locks);
-// [Config.PurgeInterval] runs it in the background.
+// deletes them in batches of a bounded size (short statements, short locks;
+// PostgreSQL skips rows a concurrent claim holds with FOR UPDATE SKIP
+// LOCKED); [Config.PurgeInterval] runs it in the background.
 package sqlstore

@@ -10,27 +10,32 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/sqldb"
 )
 
 // Config configures a [Store]. The zero value is usable.
 type Config struct {
-	// Table is the table name, a plain identifier of at most 51 bytes.
-	// Default "idemq_dedup".
+	// Table is the table name ([sqldb.Dialect.CheckTable]). Default
+	// "idemq_dedup".
 	Table string
-	// NoMigrate: the dialect constructors do not run [Store.Migrate] (the
-	// schema is managed elsewhere). Default false: they run it.
+	// NoMigrate: [New] does not apply the table's migrations (the schema
+	// is managed elsewhere, e.g. by `idemq migrate up`). Default false: it
+	// applies the pending ones.
 	NoMigrate bool
 	// PurgeInterval runs [Store.Purge] in the background at this interval
 	// until [Store.Close]. Default 0: no background purger (call Purge
-	// yourself, e.g. from cron or `idemq keys purge`).
+	// yourself).
 	PurgeInterval time.Duration
-	// PurgeBatch is the most rows one purge statement deletes, for the
-	// background purger. Default 1000.
+	// PurgeBatch is the most rows one purge statement deletes. Default
+	// 1000.
 	PurgeBatch int
 	// Logger receives the background purger's failures. Default
 	// slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultTable is the table name when [Config.Table] is empty.
+const DefaultTable = "idemq_dedup"
 
 // MaxTokenLength bounds an owner token in bytes (the owner column's size).
 const MaxTokenLength = 1024
@@ -40,10 +45,10 @@ var ErrInvalidToken = errors.New("sqlstore: invalid token")
 
 // Store is a SQL dedup store. It implements [dedup.Store] and
 // [dedup.Inspector] and is safe for concurrent use by many goroutines and
-// processes sharing the table. Create one with a dialect package.
+// processes sharing the table. Create one with [New].
 type Store struct {
-	db   DB
-	d    Dialect
+	db   sqldb.DB
+	d    *sqldb.Dialect
 	cfg  Config
 	st   statements
 	stop context.CancelFunc
@@ -59,64 +64,52 @@ var (
 	_ dedup.IdleForgetter = (*Store)(nil)
 )
 
-// New returns a store over db speaking dialect d. It does not touch the
-// database (the dialect packages' constructors also run [Store.Migrate]);
-// with cfg.PurgeInterval it starts the background purger.
-func New(db DB, d Dialect, cfg Config) (*Store, error) {
-	return newStore(db, d, cfg, true)
+// Validate checks cfg (after its defaults are filled).
+func (cfg Config) Validate(d *sqldb.Dialect) error {
+	if cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 {
+		return errors.New("sqlstore: negative PurgeInterval or PurgeBatch")
+	}
+	return d.CheckTable(cfg.Table)
 }
 
-func newStore(db DB, d Dialect, cfg Config, start bool) (*Store, error) {
+// New returns a store on db (postgres.Pgx(pool), postgres.Std(db),
+// mysql.Std(db), sqlite.Std(db)), applies the table's pending migrations
+// unless cfg.NoMigrate, and then starts the background purger if
+// cfg.PurgeInterval is set. The caller keeps owning db (close it after the
+// store).
+func New(ctx context.Context, db sqldb.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: nil DB")
 	}
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
 	}
-	if err := CheckTable(cfg.Table); err != nil {
-		return nil, err
-	}
-	if cfg.PurgeBatch <= 0 {
+	if cfg.PurgeBatch == 0 {
 		cfg.PurgeBatch = 1000
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	st, err := d.statements(cfg.Table)
+	d := db.Dialect()
+	if err := cfg.Validate(d); err != nil {
+		return nil, err
+	}
+	st, err := compile(d, cfg.Table)
 	if err != nil {
 		return nil, err
 	}
 	s := &Store{db: db, d: d, cfg: cfg, st: st, stop: func() {}}
-	if start {
-		s.startPurger()
-	}
-	return s, nil
-}
-
-func (s *Store) startPurger() {
-	if s.cfg.PurgeInterval <= 0 {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stop = cancel
-	s.wg.Add(1)
-	go s.purger(ctx)
-}
-
-// Open is New followed, unless cfg.NoMigrate, by [Store.Migrate], the
-// background purger starting once the table exists; the dialect packages'
-// constructors call it.
-func Open(ctx context.Context, db DB, d Dialect, cfg Config) (*Store, error) {
-	s, err := newStore(db, d, cfg, false)
-	if err != nil {
-		return nil, err
-	}
 	if !cfg.NoMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
 		}
 	}
-	s.startPurger() // after the table exists
+	if cfg.PurgeInterval > 0 { // after the table exists
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stop = cancel
+		s.wg.Add(1)
+		go s.purger(ctx)
+	}
 	return s, nil
 }
 
@@ -136,28 +129,17 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Migrate creates the table and its expiry index when missing. It is
-// idempotent and safe to run from several processes at once.
+// Migrate applies the table's pending migrations ([Schema]); safe to run
+// from several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return s.fail("migrate", err)
 	}
-	for _, m := range s.st.migrate {
-		// Migrations race with other processes opening the same database,
-		// so they are retried for longer than a claim (about 3 s in all).
-		err := s.retryN(ctx, migrateRetries, func() error {
-			_, err := s.db.Exec(ctx, m.query, m.bind([numArgs]any{})...)
-			return err
-		})
-		if err != nil {
-			return s.fail("migrate", err)
-		}
+	if _, err := sqldb.Up(ctx, s.db, 0, Schema(s.cfg.Table)); err != nil {
+		return s.fail("migrate", err)
 	}
 	return nil
 }
-
-// migrateRetries bounds the retries of one migration statement.
-const migrateRetries = 20
 
 func (s *Store) fail(op string, err error) error {
 	return &dedup.StoreError{Op: op, Err: fmt.Errorf("%s: %w", s.d.Name, err)}
@@ -187,42 +169,19 @@ func millis(d time.Duration) int64 {
 
 const maxRetries = 5
 
-// retry runs fn again after a transient error the dialect recognises.
-func (s *Store) retry(ctx context.Context, fn func() error) error {
-	return s.retryN(ctx, maxRetries, fn)
-}
-
-// retryN is retry with at most n retries, waiting 1, 2, 4 … ms (at most
-// 200 ms) between them.
-func (s *Store) retryN(ctx context.Context, n int, fn func() error) error {
-	for attempt := 0; ; attempt++ {
-		err := fn()
-		if err == nil || s.d.Retryable == nil || !s.d.Retryable(err) || attempt == n {
-			return err
-		}
-		t := time.NewTimer(min(time.Duration(1<<min(attempt, 10))*time.Millisecond, 200*time.Millisecond))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-	}
-}
-
-func (s *Store) exec(ctx context.Context, st stmt, a [numArgs]any) (int64, error) {
+func (s *Store) exec(ctx context.Context, st sqldb.Stmt, a [numArgs]any) (int64, error) {
 	var n int64
-	err := s.retry(ctx, func() error {
+	err := s.d.Retry(ctx, maxRetries, func() error {
 		var err error
-		n, err = s.db.Exec(ctx, st.query, st.bind(a)...)
+		n, err = s.db.Exec(ctx, st.SQL, st.Args(a[:]...)...)
 		return err
 	})
 	return n, err
 }
 
-func (s *Store) row(ctx context.Context, st stmt, a [numArgs]any, dest ...any) error {
-	return s.retry(ctx, func() error {
-		return s.db.QueryRow(ctx, st.query, st.bind(a)...).Scan(dest...)
+func (s *Store) row(ctx context.Context, st sqldb.Stmt, a [numArgs]any, dest ...any) error {
+	return s.d.Retry(ctx, maxRetries, func() error {
+		return s.db.QueryRow(ctx, st.SQL, st.Args(a[:]...)...).Scan(dest...)
 	})
 }
 
@@ -250,12 +209,12 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 			haveRow      bool
 			fromSnapshot bool
 		)
-		if s.d.ClaimReturnsRow {
+		if s.st.claimReturnsRow {
 			err := s.row(ctx, s.st.claim, a, &acquired, &state, &owner, &left)
 			switch {
 			case err == nil:
 				haveRow, fromSnapshot = true, acquired == 0
-			case errors.Is(err, ErrNoRows):
+			case errors.Is(err, sqldb.ErrNoRows):
 			default:
 				return dedup.Claim{}, s.fail("claim", err)
 			}
@@ -268,7 +227,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 		if !haveRow {
 			// Read the row as it is after our upsert.
 			err := s.row(ctx, s.st.read, a, &state, &owner, &left)
-			if errors.Is(err, ErrNoRows) {
+			if errors.Is(err, sqldb.ErrNoRows) {
 				continue // released or purged in between: claim again
 			}
 			if err != nil {
@@ -369,7 +328,7 @@ func (s *Store) Get(ctx context.Context, key string) (dedup.Record, bool, error)
 		expires      int64
 	)
 	err := s.row(ctx, s.st.get, args(key, "", 0), &state, &owner, &expires)
-	if errors.Is(err, ErrNoRows) {
+	if errors.Is(err, sqldb.ErrNoRows) {
 		return dedup.Record{}, false, nil
 	}
 	if err != nil {
@@ -423,19 +382,20 @@ func (s *Store) ForgetIdle(ctx context.Context, key string) (dedup.Record, bool,
 	return dedup.Record{}, false, s.fail("forget", fmt.Errorf("key %q kept changing", key))
 }
 
-// Purge deletes every expired row, at most batch rows per statement (default
-// 1000 when batch <= 0), and returns how many it deleted. A row that is
+// Purge deletes the rows that expired more than olderThan ago (0: every
+// expired row), at most batch rows per statement (batch <= 0:
+// Config.PurgeBatch), and returns how many it deleted. A row that is
 // claimed again while the purge runs is not deleted.
-func (s *Store) Purge(ctx context.Context, batch int) (int64, error) {
+func (s *Store) Purge(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
 	if batch <= 0 {
-		batch = 1000
+		batch = s.cfg.PurgeBatch
 	}
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, s.fail("purge", err)
 		}
-		n, err := s.exec(ctx, s.st.purge, [numArgs]any{argBatch: batch})
+		n, err := s.exec(ctx, s.st.purge, [numArgs]any{argBatch: batch, argGrace: millis(olderThan)})
 		total += n
 		if err != nil {
 			return total, s.fail("purge", err)
@@ -459,7 +419,7 @@ func (s *Store) purger(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := s.Purge(ctx, s.cfg.PurgeBatch)
+		n, err := s.Purge(ctx, 0, s.cfg.PurgeBatch)
 		s.purged.Add(n)
 		if err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("dedup sql purge failed", "dialect", s.d.Name, "table", s.cfg.Table, "err", err)

@@ -3,14 +3,17 @@
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, storetest.Suite{
-//			New:    func(t *testing.T) dedup.Store { return newIsolatedStore(t) },
-//			Broken: func(t *testing.T) dedup.Store { return storeAgainstADeadBackend(t) },
+//			New:      func(t *testing.T) dedup.Store { return newIsolatedStore(t) },
+//			Broken:   func(t *testing.T) dedup.Store { return storeAgainstADeadBackend(t) },
+//			Features: storetest.Features{Batch: true, Parallel: true},
 //		})
 //	}
 //
 // The suite uses real time with short leases (a few hundred milliseconds) and
 // waits on conditions with deadlines, so it works for stores whose clock is
-// the backend's (Redis PX, SQL now()).
+// the backend's (Redis PX, SQL now()). It is self-contained: it needs only
+// the store (no broker). With [Features.Parallel] the cases that do not
+// measure time run in parallel.
 package storetest
 
 import (
@@ -37,15 +40,29 @@ type Suite struct {
 	// memory store: MemoryConfig.Now). The model case then also runs long
 	// sequences on a clock the test drives. Optional.
 	NewClocked func(t *testing.T, now func() time.Time) dedup.Store
+	// Features says what the store has; the suite checks exactly that.
+	Features Features
+	// Lease is the short lease the expiry cases use. Default 300ms; raise it
+	// for backends with a coarse clock (e.g. 1s for SQL stores that keep
+	// second precision).
+	Lease time.Duration
+}
+
+// Features describes the store under test, as Watermill's pub/sub suite
+// describes a Pub/Sub.
+type Features struct {
+	// Batch: the store implements dedup.BatchStore, and the batch cases
+	// check it. Without it they are skipped, saying so.
+	Batch bool
+	// Parallel: the cases that do not measure time run in parallel
+	// (t.Parallel); New must then hand out isolated stores that may be
+	// used at the same time.
+	Parallel bool
 	// NotModelled, when set, says why the randomized model case
 	// (RandomInterleavingsMatchTheModel) does not hold for this store: the
 	// case is skipped with that reason, every other case runs. Only for a
 	// store whose documented contract is looser than the model's.
 	NotModelled string
-	// Lease is the short lease the expiry cases use. Default 300ms; raise it
-	// for backends with a coarse clock (e.g. 1s for SQL stores that keep
-	// second precision).
-	Lease time.Duration
 }
 
 // Run runs every conformance case as a subtest.
@@ -57,34 +74,44 @@ func Run(t *testing.T, s Suite) {
 		s.Lease = 300 * time.Millisecond
 	}
 	cases := []struct {
-		name string
-		fn   func(*testing.T, Suite)
+		name   string
+		fn     func(*testing.T, Suite)
+		timing bool // measures time: never in parallel
+		batch  bool // needs Features.Batch
 	}{
-		{"ClaimAbsentAcquires", claimAbsent},
-		{"FiftyGoroutinesOneAcquires", fiftyGoroutines},
-		{"ManyKeysConcurrently", manyKeys},
-		{"ReleaseThenReclaim", releaseThenReclaim},
-		{"WrongTokenRefused", wrongToken},
-		{"CompleteThenDone", completeThenDone},
-		{"LeaseExpiryLetsAnotherClaim", leaseExpiry},
-		{"DoneExpiresAfterWindow", doneExpires},
-		{"ExtendKeepsLeaseAlive", extendKeepsAlive},
-		{"CompleteAfterLostLeaseIsReported", completeAfterLostLease},
-		{"CancelledContextIsAnError", cancelledContext},
-		{"InvalidKeyRejected", invalidKey},
-		{"StoreErrorsSurfaceAsErrors", storeErrors},
-		{"BatchAnswersAsSingleCalls", batchAnswers},
-		{"BatchConcurrentOneAcquires", batchConcurrent},
-		{"BatchOnBrokenStoreFails", batchBroken},
-		{"RandomInterleavingsMatchTheModel", func(t *testing.T, s Suite) {
-			if s.NotModelled != "" {
-				t.Skip("not modelled: " + s.NotModelled)
+		{name: "ClaimAbsentAcquires", fn: claimAbsent},
+		{name: "FiftyGoroutinesOneAcquires", fn: fiftyGoroutines},
+		{name: "ManyKeysConcurrently", fn: manyKeys},
+		{name: "ReleaseThenReclaim", fn: releaseThenReclaim},
+		{name: "WrongTokenRefused", fn: wrongToken},
+		{name: "CompleteThenDone", fn: completeThenDone},
+		{name: "LeaseExpiryLetsAnotherClaim", fn: leaseExpiry, timing: true},
+		{name: "DoneExpiresAfterWindow", fn: doneExpires, timing: true},
+		{name: "ExtendKeepsLeaseAlive", fn: extendKeepsAlive, timing: true},
+		{name: "CompleteAfterLostLeaseIsReported", fn: completeAfterLostLease, timing: true},
+		{name: "CancelledContextIsAnError", fn: cancelledContext},
+		{name: "InvalidKeyRejected", fn: invalidKey},
+		{name: "StoreErrorsSurfaceAsErrors", fn: storeErrors},
+		{name: "BatchAnswersAsSingleCalls", fn: batchAnswers, batch: true},
+		{name: "BatchConcurrentOneAcquires", fn: batchConcurrent, batch: true},
+		{name: "BatchOnBrokenStoreFails", fn: batchBroken, batch: true},
+		{name: "RandomInterleavingsMatchTheModel", timing: true, fn: func(t *testing.T, s Suite) {
+			if s.Features.NotModelled != "" {
+				t.Skip("not modelled: " + s.Features.NotModelled)
 			}
 			modelRandom(t, s)
 		}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) { c.fn(t, s) })
+		t.Run(c.name, func(t *testing.T) {
+			if c.batch && !s.Features.Batch {
+				t.Skip("Features.Batch is not set: the store has no batch calls")
+			}
+			if s.Features.Parallel && !c.timing {
+				t.Parallel()
+			}
+			c.fn(t, s)
+		})
 	}
 }
 
@@ -451,13 +478,13 @@ func storeErrors(t *testing.T, s Suite) {
 	}
 }
 
-// batchStore skips nothing silently: a store that does not implement
-// dedup.BatchStore has nothing to check here, and says so in the log.
+// batchStore returns st as a dedup.BatchStore: Features.Batch says it is
+// one.
 func batchStore(t *testing.T, st dedup.Store) dedup.BatchStore {
 	t.Helper()
 	bs, ok := st.(dedup.BatchStore)
 	if !ok {
-		t.Logf("%T does not implement dedup.BatchStore: the single calls above are its whole contract", st)
+		t.Fatalf("Features.Batch is set but %T does not implement dedup.BatchStore", st)
 	}
 	return bs
 }
@@ -467,9 +494,6 @@ func batchStore(t *testing.T, st dedup.Store) dedup.BatchStore {
 func batchAnswers(t *testing.T, s Suite) {
 	st := s.New(t)
 	bs := batchStore(t, st)
-	if bs == nil {
-		return
-	}
 	kNew, kMine, kOther, kDone := key(t, "new"), key(t, "mine"), key(t, "other"), key(t, "done")
 	mustClaim(t, st, kMine, "me", long, dedup.Acquired)
 	mustClaim(t, st, kOther, "them", long, dedup.Acquired)
@@ -534,9 +558,6 @@ func batchAnswers(t *testing.T, s Suite) {
 func batchConcurrent(t *testing.T, s Suite) {
 	st := s.New(t)
 	bs := batchStore(t, st)
-	if bs == nil {
-		return
-	}
 	const keys, racers = 20, 8
 	var mu sync.Mutex
 	winners := map[string]int{}
@@ -580,9 +601,6 @@ func batchBroken(t *testing.T, s Suite) {
 		return
 	}
 	bs := batchStore(t, s.Broken(t))
-	if bs == nil {
-		return
-	}
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i, r := range bs.ClaimBatch(c, []dedup.ClaimRequest{{Key: key(t, "a"), Token: "t", Lease: long}, {Key: key(t, "b"), Token: "t", Lease: long}}) {

@@ -24,8 +24,8 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
-	inboxpg "github.com/idemq/idemq/inbox/postgres"
 	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/sqldb/postgres"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -277,7 +277,7 @@ func consume(ctx context.Context, o consumeOpts) error {
 	case "inbox":
 		var ib *inbox.Inbox[pgx.Tx]
 		err := waitFor(ctx, log, "postgres (inbox table)", func(ctx context.Context) (err error) {
-			ib, err = inboxpg.New(ctx, pool, inbox.Config{Logger: log})
+			ib, err = inbox.New(ctx, postgres.Pgx(pool), inbox.Config{Logger: log})
 			return err
 		})
 		if err != nil {

@@ -1,8 +1,9 @@
-// Package inboxtest is the conformance suite every SQL dialect of the inbox
-// runs: the same tests on PostgreSQL (pgx and database/sql), MySQL/MariaDB
-// and SQLite, against the real database and, for the end-to-end ones, the
-// real RabbitMQ through idemq.Consumer. A dialect is done when it passes
-// [Run] and serves [HelperProcess].
+// Package inboxtest is the conformance suite every SQL backend of the
+// inbox runs: the same tests on PostgreSQL (pgx and database/sql),
+// MySQL/MariaDB and SQLite, against the real database. [Run] needs the
+// database only; [RunBroker] adds the end-to-end cases through the real
+// RabbitMQ and idemq.Consumer (IDEMQ_AMQP_URL). A backend is done when it
+// passes both and serves [HelperProcess].
 //
 // Each test applies a deliberately non-idempotent effect,
 // UPDATE accounts SET balance = balance + amount, and checks that it was
@@ -12,62 +13,57 @@ package inboxtest
 
 import (
 	"context"
-	"database/sql"
 	"os"
 	"testing"
 
-	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/sqldbtest"
 )
 
-// DB is one open database as the suite uses it.
-type DB[T any] struct {
-	// Driver is the inbox driver under test.
-	Driver inbox.Driver[T]
-	// Exec runs a statement outside any inbox transaction (setup).
-	Exec func(ctx context.Context, query string, args ...any) error
-	// QueryInt runs a query returning one integer (assertions).
-	QueryInt func(ctx context.Context, query string, args ...any) (int64, error)
-	// LockWaiters, optional, returns how many sessions of this database
-	// are waiting on a row lock (to prove a concurrent duplicate blocks).
+// Features describes the backend under test.
+type Features struct {
+	// Parallel: the cases run in parallel (t.Parallel), each on its own
+	// database.
+	Parallel bool
+}
+
+// dbh is one open database as the suite uses it.
+type dbh[T any] struct {
+	// DB is the database under test.
+	DB sqldb.Native[T]
+	// Tx hands the handler's transaction to a statement.
+	Tx func(T) sqldb.Querier
+	// LockWaiters, when set, counts this database's sessions waiting on a
+	// row lock.
 	LockWaiters func(ctx context.Context) (int, error)
 }
 
-// Harness adapts a dialect to the suite.
-type Harness[T any] struct {
-	// Name labels the dialect in messages.
-	Name string
-	// NewDSN returns the DSN of a fresh, empty database for t.
-	NewDSN func(t testing.TB) string
-	// Open opens dsn; the DB is closed at t's cleanup.
-	Open func(t testing.TB, dsn string) DB[T]
-}
-
-// StdDB builds a [DB] for a database/sql dialect. lockWaiters, when not
-// empty, is a query counting this database's sessions waiting on a lock.
-func StdDB(drv inbox.Driver[*sql.Tx], db *sql.DB, lockWaiters string) DB[*sql.Tx] {
-	qi := func(ctx context.Context, q string, args ...any) (int64, error) {
-		var n int64
-		err := db.QueryRowContext(ctx, q, args...).Scan(&n)
-		return n, err
-	}
-	out := DB[*sql.Tx]{
-		Driver: drv,
-		Exec: func(ctx context.Context, q string, args ...any) error {
-			_, err := db.ExecContext(ctx, q, args...)
-			return err
-		},
-		QueryInt: qi,
-	}
-	if lockWaiters != "" {
+func open[T any](t testing.TB, b sqldbtest.Backend[T], addr string) dbh[T] {
+	db, _ := b.Open(t, addr)
+	out := dbh[T]{DB: db, Tx: b.Tx}
+	if b.LockWaiters != "" {
 		out.LockWaiters = func(ctx context.Context) (int, error) {
-			n, err := qi(ctx, lockWaiters)
+			n, err := out.QueryInt(ctx, b.LockWaiters)
 			return int(n), err
 		}
 	}
 	return out
 }
 
+// Exec runs a statement outside any inbox transaction (setup).
+func (d dbh[T]) Exec(ctx context.Context, q string, args ...any) error {
+	_, err := d.DB.Exec(ctx, q, args...)
+	return err
+}
+
+// QueryInt runs a query returning one integer (assertions).
+func (d dbh[T]) QueryInt(ctx context.Context, q string, args ...any) (int64, error) {
+	var n int64
+	err := d.DB.QueryRow(ctx, q, args...).Scan(&n)
+	return n, err
+}
+
 // Flavor is, in the helper process of the kill test, the Name of the
-// harness that started it (a test binary with several harnesses picks the
+// backend that started it (a test binary with several backends picks the
 // right one with it).
 func Flavor() string { return os.Getenv(envFlavor) }

@@ -19,6 +19,8 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/sqldbtest"
 )
 
 const group = "inboxtest"
@@ -104,14 +106,14 @@ func sum(name string, recs ...*idemq.Counters) int64 {
 	return n
 }
 
-func testResends[T any](t *testing.T, h Harness[T]) {
+func testResends[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("r", 20)
 	e.accounts(list...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	q := testenv.Queue(t, nil)
 	publishIDs(t, q, copies(list, 3)...)
-	rec, _ := consume(t, q, ib.Handler(effect(e.db.Driver)), nil)
+	rec, _ := consume(t, q, ib.Handler(effect(e.db)), nil)
 	waitCount(t, "60 deliveries acked", 60, rec)
 	e.wantBalances(Amount, list...)
 	if p, d := rec.Get(idemq.CountProcessed), rec.Get(idemq.CountDuplicates); p != 20 || d != 40 {
@@ -119,16 +121,16 @@ func testResends[T any](t *testing.T, h Harness[T]) {
 	}
 }
 
-func testTwoConsumers[T any](t *testing.T, h Harness[T]) {
+func testTwoConsumers[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("t", 30)
 	e.accounts(list...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	q := testenv.Queue(t, nil)
 	// Prefetch 1 and a handler that yields make the two consumers take
 	// copies of the same ID at the same time.
 	mod := func(c *idemq.ConsumerConfig) { c.Prefetch = 4; c.Workers = 4 }
-	h1 := ib.Handler(effect(e.db.Driver))
+	h1 := ib.Handler(effect(e.db))
 	r1, _ := consume(t, q, h1, mod)
 	r2, _ := consume(t, q, h1, mod)
 	publishIDs(t, q, copies(list, 4)...)
@@ -161,18 +163,18 @@ func selfLoop(t testing.TB) string {
 	return name
 }
 
-func testFailThenSucceed[T any](t *testing.T, h Harness[T]) {
+func testFailThenSucceed[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("fs", 10)
 	e.accounts(list...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	q := selfLoop(t)
 	var mu sync.Mutex
 	attempts := map[string]int{}
 	hf := func(ctx context.Context, tx T, d *idemq.Delivery) error {
 		// The effect is applied, then the handler fails on the first two
 		// attempts: the rollback must take the effect back with it.
-		if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+		if err := effect(e.db)(ctx, tx, d); err != nil {
 			return err
 		}
 		mu.Lock()
@@ -195,11 +197,11 @@ func testFailThenSucceed[T any](t *testing.T, h Harness[T]) {
 	}
 }
 
-func testBatchPoison[T any](t *testing.T, h Harness[T]) {
+func testBatchPoison[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("bp", 12)
 	e.accounts(append(list, "poison-x")...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	dlq := testenv.Queue(t, nil)
 	q := testenv.Name(t, "q")
 	ch := testenv.Channel(t)
@@ -210,7 +212,7 @@ func testBatchPoison[T any](t *testing.T, h Harness[T]) {
 	}
 	t.Cleanup(func() { testenv.DeleteQueue(q) })
 	const size = 8
-	b := ib.Batch(effect(e.db.Driver), inbox.BatchConfig{Size: size, Concurrency: size, MaxWait: 200 * time.Millisecond})
+	b := ib.Batch(effect(e.db), inbox.BatchConfig{Size: size, Concurrency: size, MaxWait: 200 * time.Millisecond})
 	msgs := append(copies(list, 2), "poison-x")
 	publishIDs(t, q, msgs...)
 	rec, _ := consume(t, q, b, func(c *idemq.ConsumerConfig) { c.Workers = size; c.Prefetch = 2 * size })
@@ -239,17 +241,17 @@ const (
 // itself right after the commit, before the handler returns (so before the
 // ack). Each dialect's test binary serves it as
 //
-//	func TestHelperInboxProcess(t *testing.T) { inboxtest.HelperProcess(t, harness()) }
+//	func TestHelperInboxProcess(t *testing.T) { inboxtest.HelperProcess(t, backend()) }
 //
 // and it skips itself unless started by the kill test.
-func HelperProcess[T any](t *testing.T, h Harness[T]) {
+func HelperProcess[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	if os.Getenv(envHelper) != "1" {
 		return // only the kill test runs it, as a child process
 	}
-	db := h.Open(t, os.Getenv(envDSN))
-	ib := newInbox(t, killAfterCommit[T]{wrapped[T]{db.Driver}}, inbox.Config{SkipMigrate: true}) // the parent migrated
+	db := open(t, h, os.Getenv(envDSN))
+	ib := newInbox(t, killAfterCommit(db.DB), inbox.Config{NoMigrate: true}) // the parent migrated
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: testenv.AMQPURL(), Queue: os.Getenv(envQueue), Group: group, Workers: 1, Prefetch: 1, Logger: quiet,
-		Pipeline: idemq.Pipeline{Handler: ib.Handler(effect(db.Driver))}})
+		Pipeline: idemq.Pipeline{Handler: ib.Handler(effect(db))}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,20 +262,22 @@ func HelperProcess[T any](t *testing.T, h Harness[T]) {
 }
 
 // killAfterCommit commits, then kills the process before anyone can ack.
-type killAfterCommit[T any] struct{ wrapped[T] }
-
-func (k killAfterCommit[T]) Commit(ctx context.Context, tx T) error {
-	if err := k.Driver.Commit(ctx, tx); err != nil {
-		return err
-	}
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // never returns: the ack is never sent
+func killAfterCommit[T any](db sqldb.Native[T]) sqldb.Native[T] {
+	return wrapped[T]{db, func(tx sqldb.Tx) sqldb.Tx {
+		return txHook{tx, func(ctx context.Context, tx sqldb.Tx) error {
+			if err := tx.Commit(ctx); err != nil {
+				return err
+			}
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never returns: the ack is never sent
+		}}
+	}}
 }
 
-func testKilled[T any](t *testing.T, h Harness[T]) {
+func testKilled[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	e.accounts("k1")
-	newInbox(t, e.db.Driver, inbox.Config{}) // the table exists before the child starts
+	newInbox(t, e.db.DB, inbox.Config{}) // the table exists before the child starts
 	q := testenv.Queue(t, nil)
 	publishIDs(t, q, "k1")
 
@@ -296,8 +300,8 @@ func testKilled[T any](t *testing.T, h Harness[T]) {
 		n, _ := testenv.QueueCounts(t, q)
 		return n == 1
 	})
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
-	rec, stop := consume(t, q, ib.Handler(effect(e.db.Driver)), nil)
+	ib := newInbox(t, e.db.DB, inbox.Config{})
+	rec, stop := consume(t, q, ib.Handler(effect(e.db)), nil)
 	waitCount(t, "the redelivery acked", 1, rec)
 	stop()
 	e.wantBalances(Amount, "k1")
@@ -310,30 +314,27 @@ func testKilled[T any](t *testing.T, h Harness[T]) {
 }
 
 // countBegins counts the transactions opened.
-type countBegins[T any] struct {
-	wrapped[T]
-	n *atomic.Int64
-}
-
-func (c countBegins[T]) Begin(ctx context.Context) (T, error) {
-	c.n.Add(1)
-	return c.Driver.Begin(ctx)
+func countBegins[T any](db sqldb.Native[T], n *atomic.Int64) sqldb.Native[T] {
+	return wrapped[T]{db, func(tx sqldb.Tx) sqldb.Tx {
+		n.Add(1)
+		return tx
+	}}
 }
 
 // testFastPath: dedup.Guard with a memory store in front of the inbox turns
 // away completed duplicates without opening a transaction; when the store
 // forgets (restart without persistence), the inbox row still stops them.
-func testFastPath[T any](t *testing.T, h Harness[T]) {
+func testFastPath[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("fp", 10)
 	e.accounts(list...)
-	newInbox(t, e.db.Driver, inbox.Config{})
+	newInbox(t, e.db.DB, inbox.Config{})
 	var begins atomic.Int64
-	ib := newInbox(t, countBegins[T]{wrapped[T]{e.db.Driver}, &begins}, inbox.Config{SkipMigrate: true})
+	ib := newInbox(t, countBegins(e.db.DB, &begins), inbox.Config{NoMigrate: true})
 	q := testenv.Queue(t, nil)
 	run := func(store dedup.Store, msgs []string, want int64) *idemq.Counters {
 		t.Helper()
-		rec, stop := consume(t, q, ib.Handler(effect(e.db.Driver)), func(c *idemq.ConsumerConfig) {
+		rec, stop := consume(t, q, ib.Handler(effect(e.db)), func(c *idemq.ConsumerConfig) {
 			c.Pipeline.Guard = mustGuard(t, dedup.Config{Store: store})
 		})
 		publishIDs(t, q, msgs...)
@@ -374,14 +375,14 @@ func testFastPath[T any](t *testing.T, h Harness[T]) {
 // and the inbox key on it. Before the ID moved into ConsumerConfig the
 // guard took its own rule (a fallback header) and the inbox its own (the
 // message_id), so the inbox rejected every such delivery as missing-id.
-func testSharedID[T any](t *testing.T, h Harness[T]) {
+func testSharedID[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("sid", 8)
 	e.accounts(list...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	store := dedup.NewMemory(dedup.MemoryConfig{})
 	q := testenv.Queue(t, nil)
-	rec, _ := consume(t, q, ib.Handler(effect(e.db.Driver)), func(c *idemq.ConsumerConfig) {
+	rec, _ := consume(t, q, ib.Handler(effect(e.db)), func(c *idemq.ConsumerConfig) {
 		c.ID = idemq.IDConfig{FallbackHeader: "x-order"}
 		// Copies arrive together: the second waits for the first's
 		// lease; don't make it wait the whole default lease.

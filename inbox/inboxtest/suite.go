@@ -16,6 +16,8 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/sqldbtest"
 )
 
 // Amount is what every test message adds to its account.
@@ -25,39 +27,64 @@ const Amount = 10
 // shared.
 const wait = 45 * time.Second
 
-// Run runs the whole suite against h.
-func Run[T any](t *testing.T, h Harness[T]) {
-	t.Run("Schema", func(t *testing.T) { testSchema(t, h) })
-	t.Run("Handler", func(t *testing.T) { testHandler(t, h) })
-	t.Run("RejectsBadIDs", func(t *testing.T) { testBadIDs(t, h) })
-	t.Run("RowRefusedIsNotDuplicate", func(t *testing.T) { testRowRefused(t, h) })
-	t.Run("ConcurrentSameIDCommit", func(t *testing.T) { testConcurrent(t, h, true) })
-	t.Run("ConcurrentSameIDRollback", func(t *testing.T) { testConcurrent(t, h, false) })
-	t.Run("Purge", func(t *testing.T) { testPurge(t, h) })
-	t.Run("Batch", func(t *testing.T) { testBatch(t, h) })
-	t.Run("BatchCommitFails", func(t *testing.T) { testBatchCommitFails(t, h) })
-	t.Run("BatchOutcomes", func(t *testing.T) { testBatchOutcomes(t, h) })
-	t.Run("BatchConcurrent", func(t *testing.T) { testBatchConcurrent(t, h) })
-	t.Run("RabbitPublisherResends", func(t *testing.T) { testResends(t, h) })
-	t.Run("RabbitTwoConsumers", func(t *testing.T) { testTwoConsumers(t, h) })
-	t.Run("RabbitFailThenSucceed", func(t *testing.T) { testFailThenSucceed(t, h) })
-	t.Run("RabbitBatchPoison", func(t *testing.T) { testBatchPoison(t, h) })
-	t.Run("RabbitKilledAfterCommit", func(t *testing.T) { testKilled(t, h) })
-	t.Run("RabbitDedupFastPath", func(t *testing.T) { testFastPath(t, h) })
-	t.Run("RabbitSharedID", func(t *testing.T) { testSharedID(t, h) })
+type testCase[T any] struct {
+	name string
+	fn   func(*testing.T, sqldbtest.Backend[T])
+}
+
+func run[T any](t *testing.T, h sqldbtest.Backend[T], f Features, cases []testCase[T]) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if f.Parallel {
+				t.Parallel()
+			}
+			c.fn(t, h)
+		})
+	}
+}
+
+// Run runs the cases that need the database only.
+func Run[T any](t *testing.T, h sqldbtest.Backend[T], f Features) {
+	run(t, h, f, []testCase[T]{
+		{"Schema", testSchema[T]},
+		{"Handler", testHandler[T]},
+		{"RejectsBadIDs", testBadIDs[T]},
+		{"RowRefusedIsNotDuplicate", testRowRefused[T]},
+		{"ConcurrentSameIDCommit", func(t *testing.T, h sqldbtest.Backend[T]) { testConcurrent(t, h, true) }},
+		{"ConcurrentSameIDRollback", func(t *testing.T, h sqldbtest.Backend[T]) { testConcurrent(t, h, false) }},
+		{"Purge", testPurge[T]},
+		{"Batch", testBatch[T]},
+		{"BatchCommitFails", testBatchCommitFails[T]},
+		{"BatchOutcomes", testBatchOutcomes[T]},
+		{"BatchConcurrent", testBatchConcurrent[T]},
+	})
+}
+
+// RunBroker runs the end-to-end cases: the inbox behind an idemq.Consumer
+// on the real RabbitMQ.
+func RunBroker[T any](t *testing.T, h sqldbtest.Backend[T], f Features) {
+	run(t, h, f, []testCase[T]{
+		{"PublisherResends", testResends[T]},
+		{"TwoConsumers", testTwoConsumers[T]},
+		{"FailThenSucceed", testFailThenSucceed[T]},
+		{"BatchPoison", testBatchPoison[T]},
+		{"KilledAfterCommit", testKilled[T]},
+		{"DedupFastPath", testFastPath[T]},
+		{"SharedID", testSharedID[T]},
+	})
 }
 
 // env is one test's database.
 type env[T any] struct {
 	t   testing.TB
 	dsn string
-	db  DB[T]
+	db  dbh[T]
 }
 
-func setup[T any](t testing.TB, h Harness[T]) *env[T] {
+func setup[T any](t testing.TB, h sqldbtest.Backend[T]) *env[T] {
 	t.Helper()
-	dsn := h.NewDSN(t)
-	e := &env[T]{t: t, dsn: dsn, db: h.Open(t, dsn)}
+	dsn := h.NewDatabase(t)
+	e := &env[T]{t: t, dsn: dsn, db: open(t, h, dsn)}
 	e.exec("CREATE TABLE accounts (id VARCHAR(100) PRIMARY KEY, balance BIGINT NOT NULL)")
 	return e
 }
@@ -68,7 +95,7 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-func (e *env[T]) ph(n int) string { return e.db.Driver.Dialect().Placeholder(n) }
+func (e *env[T]) ph(n int) string { return e.db.DB.Dialect().Placeholder(n) }
 
 func (e *env[T]) exec(q string, args ...any) {
 	e.t.Helper()
@@ -111,7 +138,7 @@ func (e *env[T]) wantBalances(want int64, ids ...string) {
 
 func (e *env[T]) inboxRows(table string) int64 {
 	e.t.Helper()
-	qt, err := e.db.Driver.Dialect().QuoteTable(table)
+	qt, err := e.db.DB.Dialect().QuoteTable(table)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -120,10 +147,10 @@ func (e *env[T]) inboxRows(table string) int64 {
 
 // effect is the non-idempotent business handler: body "<id>" adds Amount
 // to account "a-<id>". Body "fail" anywhere in it fails after the update.
-func effect[T any](drv inbox.Driver[T]) inbox.HandlerFunc[T] {
-	ph := drv.Dialect().Placeholder
+func effect[T any](db dbh[T]) inbox.HandlerFunc[T] {
+	ph := db.DB.Dialect().Placeholder
 	return func(ctx context.Context, tx T, d *idemq.Delivery) error {
-		n, err := drv.Exec(ctx, tx, "UPDATE accounts SET balance = balance + "+ph(1)+" WHERE id = "+ph(2), Amount, "a-"+string(d.Body))
+		n, err := db.Tx(tx).Exec(ctx, "UPDATE accounts SET balance = balance + "+ph(1)+" WHERE id = "+ph(2), Amount, "a-"+string(d.Body))
 		if err != nil {
 			return err
 		}
@@ -149,16 +176,16 @@ func delivery(id string) *idemq.Delivery {
 	return &idemq.Delivery{MessageID: id, Body: []byte(id), Group: "g", Queue: "q"}
 }
 
-func newInbox[T any](t testing.TB, drv inbox.Driver[T], cfg inbox.Config) *inbox.Inbox[T] {
+func newInbox[T any](t testing.TB, db sqldb.Native[T], cfg inbox.Config) *inbox.Inbox[T] {
 	t.Helper()
-	ib, err := inbox.New(ctxT(t), drv, cfg)
+	ib, err := inbox.New(ctxT(t), db, cfg)
 	if err != nil {
 		t.Fatalf("inbox.New: %v", err)
 	}
 	return ib
 }
 
-func testSchema[T any](t *testing.T, h Harness[T]) {
+func testSchema[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	ctx := ctxT(t)
 	// Concurrent, repeated migrations of a custom table all succeed.
@@ -168,7 +195,7 @@ func testSchema[T any](t *testing.T, h Harness[T]) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := inbox.New(ctx, e.db.Driver, inbox.Config{Table: "custom_inbox"})
+			_, err := inbox.New(ctx, e.db.DB, inbox.Config{Table: "custom_inbox"})
 			errs <- err
 		}()
 	}
@@ -182,7 +209,7 @@ func testSchema[T any](t *testing.T, h Harness[T]) {
 	if n := e.inboxRows("custom_inbox"); n != 0 {
 		t.Fatalf("fresh table has %d rows", n)
 	}
-	newInbox(t, e.db.Driver, inbox.Config{}) // default table
+	newInbox(t, e.db.DB, inbox.Config{}) // default table
 	if n := e.inboxRows(inbox.DefaultTable); n != 0 {
 		t.Fatalf("fresh default table has %d rows", n)
 	}
@@ -192,33 +219,33 @@ func testSchema[T any](t *testing.T, h Harness[T]) {
 		cfg  inbox.Config
 		want error
 	}{
-		{"bad table name", inbox.Config{Table: "x; DROP TABLE accounts"}, inbox.ErrInvalidIdentifier},
-		{"quoted table name", inbox.Config{Table: `a"b`}, inbox.ErrInvalidIdentifier},
+		{"bad table name", inbox.Config{Table: "x; DROP TABLE accounts"}, sqldb.ErrInvalidIdentifier},
+		{"quoted table name", inbox.Config{Table: `a"b`}, sqldb.ErrInvalidIdentifier},
 		{"window shorter than retry horizon", inbox.Config{Window: time.Hour, RetryHorizon: 2 * time.Hour}, inbox.ErrWindowTooShort},
 		{"group too long", inbox.Config{Group: strings.Repeat("g", inbox.MaxGroupLength+1)}, inbox.ErrInvalidGroup},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := inbox.New(ctx, e.db.Driver, tc.cfg)
+			_, err := inbox.New(ctx, e.db.DB, tc.cfg)
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
 		})
 	}
-	if _, err := inbox.New(ctx, e.db.Driver, inbox.Config{Window: 3 * time.Hour, RetryHorizon: 2 * time.Hour}); err != nil {
+	if _, err := inbox.New(ctx, e.db.DB, inbox.Config{Window: 3 * time.Hour, RetryHorizon: 2 * time.Hour}); err != nil {
 		t.Fatalf("window >= horizon rejected: %v", err)
 	}
 }
 
-func testHandler[T any](t *testing.T, h Harness[T]) {
+func testHandler[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	e.accounts("m1", "m2")
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	var rec idemq.Counters
 	ctx := idemq.WithRecorder(ctxT(t), &rec)
 
 	// First delivery runs; the same ID again is a duplicate, acked (nil)
 	// without running the handler.
-	hd := ib.Handler(effect(e.db.Driver))
+	hd := ib.Handler(effect(e.db))
 	for i := 0; i < 3; i++ {
 		if err := serve(ctx, hd, delivery("m1")); err != nil {
 			t.Fatalf("delivery %d: %v", i, err)
@@ -241,7 +268,7 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 	boom := errors.New("boom")
 	fail := true
 	failing := ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
-		if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+		if err := effect(e.db)(ctx, tx, d); err != nil {
 			return err
 		}
 		if fail {
@@ -269,7 +296,7 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 	func() {
 		defer func() { _ = recover() }()
 		_ = ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
-			_ = effect(e.db.Driver)(ctx, tx, d)
+			_ = effect(e.db)(ctx, tx, d)
 			panic("handler bug")
 		}).Handle(ctx, delivery("m1-panic"))
 	}()
@@ -278,12 +305,12 @@ func testHandler[T any](t *testing.T, h Harness[T]) {
 	}
 }
 
-func testBadIDs[T any](t *testing.T, h Harness[T]) {
+func testBadIDs[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	e.accounts("biz-7")
 	ran := 0
 	run := func(ctx context.Context, tx T, d *idemq.Delivery) error { ran++; return nil }
-	plain := newInbox(t, e.db.Driver, inbox.Config{}).Handler(run)
+	plain := newInbox(t, e.db.DB, inbox.Config{}).Handler(run)
 	// The consumer decides the ID (ConsumerConfig.ID); byRule applies the
 	// same rule to a hand-built delivery. The inbox keys on that value.
 	rule := idemq.IDConfig{Extractor: func(d *idemq.Delivery) (string, error) {
@@ -342,31 +369,31 @@ const RefusedID = "refused-by-check"
 
 // testRowRefused: an inbox row the database refuses for any reason other
 // than a duplicate key (here a CHECK constraint on a user-managed table;
-// on MySQL also truncation or charset conversion, see inbox/mysql) is an
+// on MySQL also truncation or charset conversion, see the inbox package documentation) is an
 // error for that delivery, which goes to the failure policy. It is never
 // taken for a duplicate and acked without running (MySQL's INSERT IGNORE
 // turned such errors into "0 rows inserted"), in the single handler and in
 // both paths of the batch inbox; the other deliveries of the batch commit.
-func testRowRefused[T any](t *testing.T, h Harness[T]) {
+func testRowRefused[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	e.accounts(RefusedID, "ok-1", "ok-2", "ok-3")
 	const table = "chk_inbox"
 	cfg := inbox.Config{Table: table}
-	switch e.db.Driver.Dialect() {
-	case inbox.SQLite: // no ALTER TABLE ... ADD CONSTRAINT: create it whole
+	switch e.db.DB.Dialect().Name {
+	case sqldb.SQLite: // no ALTER TABLE ... ADD CONSTRAINT: create it whole
 		e.exec(`CREATE TABLE chk_inbox (
 	group_name  TEXT    NOT NULL,
 	message_id  TEXT    NOT NULL,
 	received_at INTEGER NOT NULL,
 	PRIMARY KEY (group_name, message_id),
 	CHECK (message_id <> '` + RefusedID + `'))`)
-		cfg.SkipMigrate = true
+		cfg.NoMigrate = true
 	default:
-		newInbox(t, e.db.Driver, cfg)
+		newInbox(t, e.db.DB, cfg)
 		e.exec("ALTER TABLE " + table + " ADD CONSTRAINT chk_inbox_refuse CHECK (message_id <> '" + RefusedID + "')")
-		cfg.SkipMigrate = true
+		cfg.NoMigrate = true
 	}
-	ib := newInbox(t, e.db.Driver, cfg)
+	ib := newInbox(t, e.db.DB, cfg)
 	var rec idemq.Counters
 	ctx := idemq.WithRecorder(ctxT(t), &rec)
 	var mu sync.Mutex
@@ -375,7 +402,7 @@ func testRowRefused[T any](t *testing.T, h Harness[T]) {
 		mu.Lock()
 		ran[d.MessageID]++
 		mu.Unlock()
-		return effect(e.db.Driver)(ctx, tx, d)
+		return effect(e.db)(ctx, tx, d)
 	}
 
 	// The single handler.
@@ -425,17 +452,17 @@ func testRowRefused[T any](t *testing.T, h Harness[T]) {
 // testConcurrent: two deliveries of one ID at the same time. The second
 // blocks on the first's uncommitted row; it is a duplicate only once the
 // first commits, and runs if the first rolls back.
-func testConcurrent[T any](t *testing.T, h Harness[T], commit bool) {
+func testConcurrent[T any](t *testing.T, h sqldbtest.Backend[T], commit bool) {
 	e := setup(t, h)
 	e.accounts("c1")
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	var rec idemq.Counters
 	ctx := idemq.WithRecorder(ctxT(t), &rec)
 
 	started, release := make(chan struct{}), make(chan struct{})
 	firstErr := errors.New("first fails")
 	first := ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
-		if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+		if err := effect(e.db)(ctx, tx, d); err != nil {
 			return err
 		}
 		close(started)
@@ -448,7 +475,7 @@ func testConcurrent[T any](t *testing.T, h Harness[T], commit bool) {
 	var secondRan atomic.Bool
 	second := ib.Handler(func(ctx context.Context, tx T, d *idemq.Delivery) error {
 		secondRan.Store(true)
-		return effect(e.db.Driver)(ctx, tx, d)
+		return effect(e.db)(ctx, tx, d)
 	})
 	res1, res2 := make(chan error, 1), make(chan error, 1)
 	go func() { res1 <- serve(ctx, first, delivery("c1")) }()
@@ -496,13 +523,13 @@ func testConcurrent[T any](t *testing.T, h Harness[T], commit bool) {
 	e.wantBalances(Amount, "c1")
 }
 
-func testPurge[T any](t *testing.T, h Harness[T]) {
+func testPurge[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	var now atomic.Int64
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	now.Store(t0.UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	ib := newInbox(t, e.db.Driver, inbox.Config{Window: time.Hour, Now: clock, PurgeInterval: 10 * time.Millisecond, PurgeBatch: 7})
+	ib := newInbox(t, e.db.DB, inbox.Config{Window: time.Hour, Now: clock, PurgeInterval: 10 * time.Millisecond, PurgeBatch: 7})
 	nop := ib.Handler(func(context.Context, T, *idemq.Delivery) error { return nil })
 	ctx := ctxT(t)
 	for _, id := range ids("old", 25) {
@@ -564,18 +591,18 @@ func handleAll(ctx context.Context, b idemq.Handler, ds ...*idemq.Delivery) []er
 	return errs
 }
 
-func testBatch[T any](t *testing.T, h Harness[T]) {
+func testBatch[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	good := ids("b", 4)
 	e.accounts(append(good, "poison-1", "panic-1")...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	var rec idemq.Counters
 	ctx := idemq.WithRecorder(ctxT(t), &rec)
 	hf := func(ctx context.Context, tx T, d *idemq.Delivery) error {
 		if d.MessageID == "panic-1" {
 			panic("handler bug")
 		}
-		return effect(e.db.Driver)(ctx, tx, d)
+		return effect(e.db)(ctx, tx, d)
 	}
 	// MaxWait is long: the batch runs because it is full, so all seven
 	// deliveries share one transaction.
@@ -627,34 +654,48 @@ func testBatch[T any](t *testing.T, h Harness[T]) {
 	e.wantBalances(Amount, "b-x", "b-y")
 }
 
-// wrapped is the base of the suite's fault-injecting drivers: it embeds the
-// driver under test and forwards its duplicate-key check (which the MySQL
-// dialect requires; an embedded interface would hide it).
-type wrapped[T any] struct{ inbox.Driver[T] }
-
-// IsDuplicateKey implements [inbox.DuplicateKeyReporter].
-func (w wrapped[T]) IsDuplicateKey(err error) bool {
-	dk, ok := w.Driver.(inbox.DuplicateKeyReporter)
-	return ok && dk.IsDuplicateKey(err)
+// wrapped is the base of the suite's fault-injecting databases: it embeds
+// the database under test and wraps the transactions it begins with wrap.
+type wrapped[T any] struct {
+	sqldb.Native[T]
+	wrap func(sqldb.Tx) sqldb.Tx
 }
 
+func (w wrapped[T]) BeginNative(ctx context.Context) (T, sqldb.Tx, error) {
+	n, tx, err := w.Native.BeginNative(ctx)
+	if err != nil {
+		return n, nil, err
+	}
+	return n, w.wrap(tx), nil
+}
+
+// txHook is a transaction whose Commit runs commit instead.
+type txHook struct {
+	sqldb.Tx
+	commit func(ctx context.Context, tx sqldb.Tx) error
+}
+
+func (h txHook) Commit(ctx context.Context) error { return h.commit(ctx, h.Tx) }
+
 // failCommit rolls back instead of committing and says so.
-type failCommit[T any] struct{ wrapped[T] }
+func failCommit[T any](db sqldb.Native[T]) sqldb.Native[T] {
+	return wrapped[T]{db, func(tx sqldb.Tx) sqldb.Tx {
+		return txHook{tx, func(ctx context.Context, tx sqldb.Tx) error {
+			_ = tx.Rollback(ctx)
+			return errCommit
+		}}
+	}}
+}
 
 var errCommit = errors.New("injected commit failure")
 
-func (f failCommit[T]) Commit(ctx context.Context, tx T) error {
-	_ = f.Driver.Rollback(ctx, tx)
-	return errCommit
-}
-
-func testBatchCommitFails[T any](t *testing.T, h Harness[T]) {
+func testBatchCommitFails[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
-	newInbox(t, e.db.Driver, inbox.Config{}) // migrate with the real driver
-	ib := newInbox(t, failCommit[T]{wrapped[T]{e.db.Driver}}, inbox.Config{SkipMigrate: true})
+	newInbox(t, e.db.DB, inbox.Config{}) // migrate with the real driver
+	ib := newInbox(t, failCommit(e.db.DB), inbox.Config{NoMigrate: true})
 	list := ids("f", 3)
 	e.accounts(list...)
-	b := ib.Batch(effect(e.db.Driver), inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
+	b := ib.Batch(effect(e.db), inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
 	ds := []*idemq.Delivery{delivery(list[0]), delivery(list[1]), delivery(list[2])}
 	for i, err := range handleAll(ctxT(t), b, ds...) {
 		if !errors.Is(err, errCommit) {
@@ -674,9 +715,9 @@ func testBatchCommitFails[T any](t *testing.T, h Harness[T]) {
 // the counters. The handler applies its effect, then fails for the first
 // delivery of a failing ID it sees — every time it is called for that
 // delivery — so a later copy of that ID must run and commit.
-func testBatchOutcomes[T any](t *testing.T, h Harness[T]) {
+func testBatchOutcomes[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	boom := errors.New("boom")
 	for i, tc := range []struct {
 		name      string
@@ -717,7 +758,7 @@ func testBatchOutcomes[T any](t *testing.T, h Harness[T]) {
 			}
 			ctx := ctxT(t)
 			for _, id := range tc.committed {
-				if err := serve(ctx, ib.Handler(effect(e.db.Driver)), delivery(key(id))); err != nil {
+				if err := serve(ctx, ib.Handler(effect(e.db)), delivery(key(id))); err != nil {
 					t.Fatalf("commit %s before the batch: %v", id, err)
 				}
 			}
@@ -735,7 +776,7 @@ func testBatchOutcomes[T any](t *testing.T, h Harness[T]) {
 				}
 				isFirst := first[d.MessageID] == d
 				mu.Unlock()
-				if err := effect(e.db.Driver)(ctx, tx, d); err != nil {
+				if err := effect(e.db)(ctx, tx, d); err != nil {
 					return err
 				}
 				if failing[d.MessageID] && isFirst {
@@ -803,15 +844,15 @@ func testBatchOutcomes[T any](t *testing.T, h Harness[T]) {
 // once and every other delivery is a duplicate. A delivery whose batch
 // failed as a whole (a deadlock MySQL chose to break) is handed again, as
 // the consumer's retry would.
-func testBatchConcurrent[T any](t *testing.T, h Harness[T]) {
+func testBatchConcurrent[T any](t *testing.T, h sqldbtest.Backend[T]) {
 	e := setup(t, h)
 	list := ids("cb", 60)
 	e.accounts(list...)
-	ib := newInbox(t, e.db.Driver, inbox.Config{})
+	ib := newInbox(t, e.db.DB, inbox.Config{})
 	var rec idemq.Counters
 	ctx := idemq.WithRecorder(ctxT(t), &rec)
 	cfg := inbox.BatchConfig{Size: 10, Concurrency: 10, MaxWait: 20 * time.Millisecond}
-	batchers := []idemq.Handler{ib.Batch(effect(e.db.Driver), cfg), ib.Batch(effect(e.db.Driver), cfg)}
+	batchers := []idemq.Handler{ib.Batch(effect(e.db), cfg), ib.Batch(effect(e.db), cfg)}
 	var wg sync.WaitGroup
 	var retried atomic.Int64
 	for k, b := range batchers {

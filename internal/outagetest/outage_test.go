@@ -18,9 +18,9 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
-	inboxpg "github.com/idemq/idemq/inbox/postgres"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/sqldb/postgres"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -169,7 +169,7 @@ func TestPostgresOutageDeadLettersNothing(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE applied (message_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	ib, err := inboxpg.New(ctx, pool, inbox.Config{Logger: logger()})
+	ib, err := inbox.New(ctx, postgres.Pgx(pool), inbox.Config{Logger: logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

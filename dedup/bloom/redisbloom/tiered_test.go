@@ -34,7 +34,8 @@ func TestTieredStoreConformance(t *testing.T) {
 				// apply the effect, so done is true, but the model says
 				// "unchanged"), and two same-key completes in one batch
 				// answer the second "busy". Both seen by the model case.
-				NotModelled: "a Complete marks the record of truth done before it checks the lease",
+				Features: storetest.Features{Batch: true, Parallel: true,
+					NotModelled: "a Complete marks the record of truth done before it checks the lease"},
 				New: func(t *testing.T) dedup.Store {
 					c, prefix := testenv.Redis(t)
 					truth := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})

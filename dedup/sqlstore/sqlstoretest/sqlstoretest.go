@@ -13,38 +13,73 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/sqlstore"
 	"github.com/idemq/idemq/dedup/storetest"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/sqldbtest"
 )
 
-// Harness describes the dialect under test.
-type Harness struct {
-	// Database returns the address of a fresh, empty database no other test
-	// sees (dropped at cleanup). Required.
-	Database func(t *testing.T) string
-	// Open opens a new connection pool on database db — as another process
-	// would — and a store on it with cfg, migrating unless cfg.NoMigrate.
-	// Both are closed at cleanup. Required.
-	Open func(t *testing.T, db string, cfg sqlstore.Config) (*sqlstore.Store, error)
-	// Broken returns a migrated store whose pool is then closed. Required.
-	Broken func(t *testing.T) *sqlstore.Store
+// Features describes the backend under test.
+type Features struct {
+	// Parallel: the cases run in parallel (t.Parallel), each on its own
+	// database; the timing cases of the dedup conformance suite stay
+	// sequential.
+	Parallel bool
 	// Lease overrides storetest.Suite.Lease (default 300ms).
 	Lease time.Duration
 }
 
-// Run runs the conformance suite and the SQL cases as subtests.
-func Run(t *testing.T, h Harness) {
-	if h.Database == nil || h.Open == nil || h.Broken == nil {
-		t.Fatal("sqlstoretest: Harness.Database, Open and Broken are required")
+// harness opens stores on the backend.
+type harness struct {
+	// Database returns the address of a fresh, empty database.
+	Database func(t *testing.T) string
+	// Open opens a new pool on database db — as another process would —
+	// and a store on it with cfg, migrating unless cfg.NoMigrate.
+	Open func(t *testing.T, db string, cfg sqlstore.Config) (*sqlstore.Store, error)
+	// Broken returns a migrated store whose pool is then closed.
+	Broken func(t *testing.T) *sqlstore.Store
+}
+
+// Run runs the dedup conformance suite and the SQL cases on backend b.
+func Run[T any](t *testing.T, b sqldbtest.Backend[T], f Features) {
+	open := func(t *testing.T, addr string, cfg sqlstore.Config) (*sqlstore.Store, func(), error) {
+		t.Helper()
+		db, closeDB := b.Open(t, addr)
+		s, err := sqlstore.New(sqldbtest.Context(t), db, cfg)
+		if err != nil {
+			closeDB()
+			return nil, nil, err
+		}
+		t.Cleanup(func() { s.Close() })
+		return s, closeDB, nil
+	}
+	h := harness{
+		Database: func(t *testing.T) string { return b.NewDatabase(t) },
+		Open: func(t *testing.T, addr string, cfg sqlstore.Config) (*sqlstore.Store, error) {
+			s, _, err := open(t, addr, cfg)
+			return s, err
+		},
+		Broken: func(t *testing.T) *sqlstore.Store {
+			s, closeDB, err := open(t, b.NewDatabase(t), sqlstore.Config{})
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			closeDB()
+			return s
+		},
 	}
 	t.Run("Conformance", func(t *testing.T) {
+		if f.Parallel {
+			t.Parallel()
+		}
 		storetest.Run(t, storetest.Suite{
-			New:    func(t *testing.T) dedup.Store { return h.fresh(t, sqlstore.Config{}) },
-			Broken: func(t *testing.T) dedup.Store { return h.Broken(t) },
-			Lease:  h.Lease,
+			New:      func(t *testing.T) dedup.Store { return h.fresh(t, sqlstore.Config{}) },
+			Broken:   func(t *testing.T) dedup.Store { return h.Broken(t) },
+			Lease:    f.Lease,
+			Features: storetest.Features{Parallel: f.Parallel},
 		})
 	})
 	cases := []struct {
 		name string
-		fn   func(*testing.T, Harness)
+		fn   func(*testing.T, harness)
 	}{
 		{"MigrateConcurrently", migrateConcurrently},
 		{"ClaimAcrossPools", claimAcrossPools},
@@ -60,11 +95,16 @@ func Run(t *testing.T, h Harness) {
 		{"BrokenStoreFails", brokenStore},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
+		t.Run(c.name, func(t *testing.T) {
+			if f.Parallel {
+				t.Parallel()
+			}
+			c.fn(t, h)
+		})
 	}
 }
 
-func (h Harness) fresh(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
+func (h harness) fresh(t *testing.T, cfg sqlstore.Config) *sqlstore.Store {
 	t.Helper()
 	s, err := h.Open(t, h.Database(t), cfg)
 	if err != nil {
@@ -113,7 +153,7 @@ func stats(t *testing.T, s *sqlstore.Store) sqlstore.Stats {
 
 // migrateConcurrently: eight "processes" (pools) open and migrate the same
 // database at once, then share one table.
-func migrateConcurrently(t *testing.T, h Harness) {
+func migrateConcurrently(t *testing.T, h harness) {
 	db := h.Database(t)
 	const n = 8
 	stores := make([]*sqlstore.Store, n)
@@ -147,7 +187,7 @@ func migrateConcurrently(t *testing.T, h Harness) {
 
 // claimAcrossPools: claimers in several "processes" (pools) race for the
 // same keys; each key is acquired exactly once.
-func claimAcrossPools(t *testing.T, h Harness) {
+func claimAcrossPools(t *testing.T, h harness) {
 	db := h.Database(t)
 	const pools, perPool, keys = 4, 5, 20
 	stores := make([]*sqlstore.Store, pools)
@@ -200,7 +240,7 @@ func claimAcrossPools(t *testing.T, h Harness) {
 
 // extendAtOnce: extends in quick succession (within one millisecond of the
 // claim, so the expiry does not change) still succeed.
-func extendAtOnce(t *testing.T, h Harness) {
+func extendAtOnce(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{})
 	for i := 0; i < 20; i++ {
 		k := fmt.Sprint("ext:", i)
@@ -216,7 +256,7 @@ func extendAtOnce(t *testing.T, h Harness) {
 	}
 }
 
-func purgeInBatches(t *testing.T, h Harness) {
+func purgeInBatches(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{})
 	const short = 50 * time.Millisecond
 	const expiring = 13
@@ -241,7 +281,7 @@ func purgeInBatches(t *testing.T, h Harness) {
 		}
 	}
 	eventually(t, "the short records to expire", func() bool { return stats(t, s).Expired == expiring })
-	n, err := s.Purge(ctx(t), 4) // 4 statements: 4+4+4+1
+	n, err := s.Purge(ctx(t), 0, 4) // 4 statements: 4+4+4+1
 	if err != nil {
 		t.Fatalf("Purge: %v", err)
 	}
@@ -251,7 +291,7 @@ func purgeInBatches(t *testing.T, h Harness) {
 	if got, want := stats(t, s), (sqlstore.Stats{Processing: 3, Done: 3}); got != want {
 		t.Fatalf("after purge: %+v, want %+v", got, want)
 	}
-	if n, err := s.Purge(ctx(t), 0); err != nil || n != 0 {
+	if n, err := s.Purge(ctx(t), 0, 0); err != nil || n != 0 {
 		t.Fatalf("second Purge = %d, %v; want 0, nil", n, err)
 	}
 	// The live records are untouched.
@@ -261,7 +301,7 @@ func purgeInBatches(t *testing.T, h Harness) {
 	claim(t, s, "purge:exp:0", "again", time.Minute, dedup.Acquired)
 }
 
-func backgroundPurger(t *testing.T, h Harness) {
+func backgroundPurger(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{PurgeInterval: 50 * time.Millisecond, PurgeBatch: 2})
 	for i := 0; i < 5; i++ {
 		claim(t, s, fmt.Sprintf("bg:%d", i), "t", 50*time.Millisecond, dedup.Acquired)
@@ -282,7 +322,7 @@ func backgroundPurger(t *testing.T, h Harness) {
 
 // forgetIdle: ForgetIdle deletes a done record, never a live lease, and
 // reports what it found.
-func forgetIdle(t *testing.T, h Harness) {
+func forgetIdle(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{})
 	if _, found, err := s.ForgetIdle(ctx(t), "fi:absent"); err != nil || found {
 		t.Fatalf("ForgetIdle absent = found %v, %v", found, err)
@@ -314,7 +354,7 @@ func forgetIdle(t *testing.T, h Harness) {
 	}
 }
 
-func inspector(t *testing.T, h Harness) {
+func inspector(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{})
 	const k = "insp:k"
 	if _, ok, err := s.Get(ctx(t), k); err != nil || ok {
@@ -361,7 +401,7 @@ func inspector(t *testing.T, h Harness) {
 	}
 }
 
-func tablesIndependent(t *testing.T, h Harness) {
+func tablesIndependent(t *testing.T, h harness) {
 	db := h.Database(t)
 	a, err := h.Open(t, db, sqlstore.Config{Table: "dedup_a"})
 	if err != nil {
@@ -379,18 +419,18 @@ func tablesIndependent(t *testing.T, h Harness) {
 	claim(t, a, "k", "t3", time.Minute, dedup.InFlight)
 }
 
-func invalidTable(t *testing.T, h Harness) {
+func invalidTable(t *testing.T, h harness) {
 	db := h.Database(t)
-	for _, name := range []string{"x; DROP TABLE y", "1abc", "a-b", "a.b", `a"b`, strings.Repeat("a", 52)} {
-		if _, err := h.Open(t, db, sqlstore.Config{Table: name}); !errors.Is(err, sqlstore.ErrInvalidTable) {
-			t.Errorf("table %q: %v, want ErrInvalidTable", name, err)
+	for _, name := range []string{"x; DROP TABLE y", "1abc", "a-b", "a.b.c", `a"b`, strings.Repeat("a", sqldb.MaxTableLength+1)} {
+		if _, err := h.Open(t, db, sqlstore.Config{Table: name}); !errors.Is(err, sqldb.ErrInvalidIdentifier) {
+			t.Errorf("table %q: %v, want ErrInvalidIdentifier", name, err)
 		}
 	}
 }
 
 // byteExactKeys: keys are compared byte for byte — no case folding, no
 // trailing-space padding, no Unicode normalisation — up to MaxKeyLength.
-func byteExactKeys(t *testing.T, h Harness) {
+func byteExactKeys(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{})
 	keys := []string{
 		"g:Order-1", "g:order-1", "g:order-1 ", "g:ORDER-1",
@@ -417,7 +457,7 @@ func byteExactKeys(t *testing.T, h Harness) {
 	}
 }
 
-func longToken(t *testing.T, h Harness) {
+func longToken(t *testing.T, h harness) {
 	s := h.fresh(t, sqlstore.Config{})
 	tok := strings.Repeat("t", sqlstore.MaxTokenLength)
 	claim(t, s, "tok:max", tok, time.Minute, dedup.Acquired)
@@ -429,7 +469,7 @@ func longToken(t *testing.T, h Harness) {
 	}
 }
 
-func brokenStore(t *testing.T, h Harness) {
+func brokenStore(t *testing.T, h harness) {
 	s := h.Broken(t)
 	var se *dedup.StoreError
 	if err := s.Migrate(ctx(t)); !errors.As(err, &se) {
@@ -441,7 +481,7 @@ func brokenStore(t *testing.T, h Harness) {
 	if err := s.Forget(ctx(t), "k"); !errors.As(err, &se) {
 		t.Fatalf("Forget on a broken store: %v, want a *dedup.StoreError", err)
 	}
-	if _, err := s.Purge(ctx(t), 10); !errors.As(err, &se) {
+	if _, err := s.Purge(ctx(t), 0, 10); !errors.As(err, &se) {
 		t.Fatalf("Purge on a broken store: %v, want a *dedup.StoreError", err)
 	}
 	if _, err := s.Stats(ctx(t)); !errors.As(err, &se) {

@@ -1,0 +1,87 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+)
+
+// ConnectionError reports whether err says the database could not be
+// reached or the connection to it was lost — not that a statement failed.
+// It knows, without importing any driver:
+//
+//   - network errors: *net.OpError, net.Error, ECONNREFUSED, ECONNRESET,
+//     EPIPE, ECONNABORTED, EHOSTUNREACH, ENETUNREACH, io.EOF and
+//     io.ErrUnexpectedEOF (the server closed the connection mid-query);
+//   - database/sql's driver.ErrBadConn;
+//   - errors with a SQLSTATE (a SQLState() string method: pgx's
+//     *pgconn.PgError) of class 08 (connection exception), 57P01..57P03
+//     (the server is shutting down, crashed, or not accepting connections
+//     yet) or 53300 (too many connections);
+//   - pgx's connect and closed-connection errors ("failed to connect to",
+//     "conn closed") and go-sql-driver/mysql's ErrInvalidConn ("invalid
+//     connection"), matched by their text in the error chain.
+//
+// Constraint violations, syntax errors and every other answer from the
+// server are not connection errors. Neither are context.Canceled and
+// context.DeadlineExceeded (the caller gave up: that is not an outage).
+func ConnectionError(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE,
+		syscall.ECONNABORTED, syscall.EHOSTUNREACH, syscall.ENETUNREACH} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	var sqlState interface{ SQLState() string }
+	if errors.As(err, &sqlState) {
+		// The server answered: only these codes mean it is going away or
+		// cannot take us.
+		s := sqlState.SQLState()
+		return strings.HasPrefix(s, "08") || s == "57P01" || s == "57P02" || s == "57P03" || s == "53300"
+	}
+	var op *net.OpError
+	if errors.As(err, &op) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	return walk(err, func(e error) bool {
+		msg := e.Error()
+		return strings.HasPrefix(msg, "failed to connect to") || msg == "conn closed" || msg == "invalid connection"
+	})
+}
+
+// walk reports whether f holds for err or anything it wraps.
+func walk(err error, f func(error) bool) bool {
+	for err != nil {
+		if f(err) {
+			return true
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if walk(e, f) {
+					return true
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
