@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -18,6 +18,19 @@ status:
 
 down:
 	@scripts/services.sh down
+
+cluster: ## a 3-node RabbitMQ cluster (AMQP 5701-5703) and Redis with 2 replicas and 3 Sentinels (6401-6403, 26401-26403), data in .data/cluster
+	@scripts/cluster.sh up
+	@echo 'eval "$$(scripts/cluster.sh env)" points idemq at it'
+
+cluster-env: ## export lines for the cluster: IDEMQ_AMQP_URLS, IDEMQ_REDIS_SENTINELS, IDEMQ_REDIS_MASTER
+	@scripts/cluster.sh env
+
+cluster-status:
+	@scripts/cluster.sh status
+
+cluster-down: ## stop the cluster's servers (never the shared single ones)
+	@scripts/cluster.sh down
 
 vet:
 	$(GO) vet ./...
