@@ -34,8 +34,15 @@ type SetupFunc func(ctx context.Context, ch *amqp.Channel) error
 // ConsumerConfig configures a [Consumer]. Only Queue is required; every other
 // field has a documented default.
 type ConsumerConfig struct {
-	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL].
+	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL]
+	// (when URLs is empty too).
 	URL string
+	// URLs lists the nodes of a cluster, one URL each (URL, when set too,
+	// joins the list). Every (re)connect tries them in a fresh random
+	// order, the node of the connection that just ended last, and takes
+	// the first that answers; the Reconnect backoff runs between passes
+	// over the whole list (see failover.go).
+	URLs []string
 	// Queue to consume from. Required.
 	Queue string
 	// Group names the consumer group: dedup keys and inbox rows are
@@ -118,6 +125,7 @@ type Consumer struct {
 	log      *slog.Logger
 	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
 	brk      *breaker  // dependency outages (breaker.go)
+	brokers  *brokers  // URL failover (failover.go)
 
 	mu      sync.Mutex
 	running bool
@@ -133,7 +141,7 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	if h == nil {
 		return nil, errors.New("idemq: nil handler")
 	}
-	if cfg.URL == "" {
+	if cfg.URL == "" && len(cfg.URLs) == 0 {
 		cfg.URL = URLFromEnv()
 	}
 	if cfg.Group == "" {
@@ -166,7 +174,8 @@ func NewConsumer(cfg ConsumerConfig, h Handler) (*Consumer, error) {
 	if cfg.Dial == nil {
 		cfg.Dial = amqp.DialConfig
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.With("queue", cfg.Queue, "group", cfg.Group), ready: make(chan struct{})}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.With("queue", cfg.Queue, "group", cfg.Group), ready: make(chan struct{}),
+		brokers: newBrokers(cfg.URL, cfg.URLs)}
 	if cfg.Recorder == nil {
 		c.counters = &Counters{}
 		c.rec = c.counters
@@ -238,7 +247,7 @@ type job struct {
 // session runs one connection's lifetime. It reports whether the consume was
 // established (to reset the backoff) and why it ended.
 func (c *Consumer) session(ctx context.Context) (bool, error) {
-	conn, err := dialRedacted(c.cfg.Dial, c.cfg.URL, amqp.Config{
+	conn, broker, err := c.brokers.dial(c.cfg.Dial, amqp.Config{
 		Heartbeat:  c.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq consumer " + c.cfg.ConsumerTag},
@@ -246,6 +255,7 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("dial: %w", err)
 	}
+	c.log.Debug("idemq: consumer connected", "broker", broker)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
