@@ -1,6 +1,7 @@
 package idemq
 
 import (
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -98,3 +99,27 @@ func (e *allDialsFailed) Error() string {
 }
 
 func (e *allDialsFailed) Unwrap() []error { return e.errs }
+
+// errChannelRetired fails the publishes still awaiting a confirm on a
+// channel the publisher retired after a nack; they are retried on a new
+// one.
+var errChannelRetired = errors.New("idemq: channel retired after a nack")
+
+// retire drops a channel that nacked a publish, and its connection: the
+// next attempt opens new ones. RabbitMQ 3.10 nacks every publish, for as
+// long as the channel lives, on a channel that was publishing to a quorum
+// queue whose leader node died, while a new channel publishes at once
+// (TestFaultClusterLeaderKill saw minutes of nacks after the kill). A nack
+// is rare otherwise (an internal error, a reject-publish overflow), so a
+// new connection for it costs little; the backoff between attempts still
+// applies.
+func (p *Publisher) retire(pc *pubChannel) {
+	p.mu.Lock()
+	if p.cur == pc {
+		p.cur = nil
+		p.rec.Add(CountReconnects, 1)
+	}
+	p.mu.Unlock()
+	_ = pc.conn.Close()
+	pc.fail(errChannelRetired)
+}

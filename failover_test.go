@@ -2,6 +2,7 @@ package idemq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -131,5 +132,28 @@ func TestFailoverAllDownNamesEachURL(t *testing.T) {
 	<-done
 	if showsSecret(logs.String(), secret) {
 		t.Fatalf("the consumer's log shows the password:\n%s", logs.String())
+	}
+}
+
+// A nacked publish retires its channel and connection: the retry dials a
+// new one. (RabbitMQ 3.10 keeps nacking a channel that published to a
+// quorum queue whose leader died; a new channel publishes at once. A queue
+// that rejects publishes when full nacks here on one node.)
+func TestNackedPublishRetriesOnANewConnection(t *testing.T) {
+	testenv.RequireAMQP(t)
+	queue := testenv.Queue(t, amqp.Table{"x-max-length": int64(0), "x-overflow": "reject-publish"})
+	var d urlRecorder
+	var rec idemq.Counters
+	p := idemq.NewPublisher(idemq.PublisherConfig{Dial: d.dial, MaxAttempts: 3, Recorder: &rec, Logger: quietLogger(),
+		Retry: backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}})
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := p.Publish(ctx, idemq.Message{ID: "m-1", RoutingKey: queue, Body: []byte("x")})
+	if !errors.Is(err, idemq.ErrNacked) {
+		t.Fatalf("publish to a full reject-publish queue: %v, want ErrNacked", err)
+	}
+	if n := len(d.tried()); n != 3 {
+		t.Fatalf("3 nacked attempts dialled %d time(s), want 3 (a new connection after each nack)", n)
 	}
 }

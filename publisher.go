@@ -192,6 +192,9 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 			return fmt.Errorf("idemq: publish %q: confirm not received: %w", msg.ID, ctx.Err())
 		}
 		last = err
+		if errors.Is(err, ErrNacked) {
+			p.retire(pc) // failover.go
+		}
 		p.log.Debug("idemq: publish attempt failed; retrying", "message_id", msg.ID, "attempt", attempt+1, "err", err)
 	}
 }

@@ -8,6 +8,8 @@
 #   scripts/cluster.sh env             print export lines for a shell (IDEMQ_AMQP_URLS, IDEMQ_REDIS_SENTINELS, ...)
 #   scripts/cluster.sh status          say what is listening, the cluster's members and the Redis primary
 #   scripts/cluster.sh down            stop the cluster's servers (only those: by node name, port and pid file)
+#   scripts/cluster.sh down-now        the same with kill -9 (a test's throwaway cluster)
+#   scripts/cluster.sh up-rabbit|up-redis   start one half only (no installing)
 #
 # Faults (make cluster-chaos, the cluster tests):
 #   scripts/cluster.sh kill N          kill -9 RabbitMQ node N (1..3)
@@ -89,6 +91,7 @@ start_node() {
 	EOF
 	chown -R rabbitmq: "$dir"
 	rm -f "$dir/pid"
+	[ -f "$dir/log/console.log" ] && mv -f "$dir/log/console.log" "$dir/log/console.log.1"
 	log "starting RabbitMQ node $(node "$i") (AMQP ${AMQP_PORTS[$((i - 1))]}, data in $dir)"
 	# +sbwt none: the schedulers do not spin while idle (three nodes on two cores).
 	env RABBITMQ_NODENAME="$(node "$i")" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
@@ -97,15 +100,21 @@ start_node() {
 		RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
 		RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
 		RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none" \
-		setsid nohup rabbitmq-server >>"$dir/log/console.log" 2>&1 </dev/null &
+		setsid nohup rabbitmq-server >"$dir/log/console.log" 2>&1 </dev/null &
+}
+
+# node_up_or_failed I — node I runs, or its boot failed (then the wait ends
+# at once: the failure is in console.log).
+node_up_or_failed() {
+	node_up "$1" || grep -q 'init terminating in do_boot' "$(ndir "$1")/log/console.log" 2>/dev/null
 }
 
 wait_node() {
 	local i=$1
-	wait_for "${2:-180}" "RabbitMQ node $(node "$i")" node_up "$i" || {
+	if ! wait_for "${2:-180}" "RabbitMQ node $(node "$i")" node_up_or_failed "$i" || ! node_up "$i"; then
 		tail -n 40 "$(ndir "$i")/log/console.log" >&2 || true
 		die "RabbitMQ node $(node "$i") did not become healthy"
-	}
+	fi
 }
 
 # in_cluster I — node I counts node 1 among its running peers.
@@ -366,10 +375,12 @@ cluster_status() {
 	echo "redis primary (per Sentinel): $(primary_port || echo unknown)"
 }
 
+# cluster_down [now] — stop the nodes (gracefully, or with kill -9 when
+# "now": the tests throw the data away), the Redis servers and Sentinels.
 cluster_down() {
 	local i f pid
 	for i in 1 2 3; do
-		ctl "$i" stop >/dev/null 2>&1 || true
+		[ "${1:-}" = now ] || ctl "$i" stop >/dev/null 2>&1 || true
 		pid="$(node_pid "$i" || true)"
 		if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
 	done
@@ -410,6 +421,7 @@ up-redis)
 env) print_cluster_env ;;
 status) cluster_status ;;
 down) cluster_down ;;
+down-now) cluster_down now ;;
 kill) kill_node "$(idx_arg "${2:-}")" ;;
 stop) stop_node "$(idx_arg "${2:-}")" ;;
 start) restart_node "$(idx_arg "${2:-}")" ;;
