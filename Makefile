@@ -32,6 +32,15 @@ cluster-status:
 cluster-down: ## stop the cluster's servers (never the shared single ones)
 	@scripts/cluster.sh down
 
+CLUSTER_ENV := eval "$$(scripts/cluster.sh env)"
+cluster-chaos: services cluster ## the bank demo against the cluster: leader kills, a rolling restart, a node outage past the reconnect backoff, a Redis primary failover
+	$(GO) build -o bin/bank ./examples/bank
+	@mkdir -p .data
+	$(ENV) && $(CLUSTER_ENV) && bin/bank demo --amqp-urls "$$IDEMQ_AMQP_URLS" --redis-sentinels "$$IDEMQ_REDIS_SENTINELS" \
+		--redis-master "$$IDEMQ_REDIS_MASTER" --messages 3000 --kills 2 --cuts 0 --proxy-cuts 0 --redis-restarts 0 \
+		--crash-rate 0.002 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
+		--json .data/cluster-chaos.json $(DEMO_ARGS)
+
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags faults ./...
