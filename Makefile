@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -18,6 +18,28 @@ status:
 
 down:
 	@scripts/services.sh down
+
+cluster: ## a 3-node RabbitMQ cluster (AMQP 5701-5703) and Redis with 2 replicas and 3 Sentinels (6401-6403, 26401-26403), data in .data/cluster
+	@scripts/cluster.sh up
+	@echo 'eval "$$(scripts/cluster.sh env)" points idemq at it'
+
+cluster-env: ## export lines for the cluster: IDEMQ_AMQP_URLS, IDEMQ_REDIS_SENTINELS, IDEMQ_REDIS_MASTER
+	@scripts/cluster.sh env
+
+cluster-status:
+	@scripts/cluster.sh status
+
+cluster-down: ## stop the cluster's servers (never the shared single ones)
+	@scripts/cluster.sh down
+
+CLUSTER_ENV := eval "$$(scripts/cluster.sh env)"
+cluster-chaos: services cluster ## the bank demo against the cluster: leader kills, a rolling restart, a node outage past the reconnect backoff, a Redis primary failover
+	$(GO) build -o bin/bank ./examples/bank
+	@mkdir -p .data
+	$(ENV) && $(CLUSTER_ENV) && bin/bank demo --amqp-urls "$$IDEMQ_AMQP_URLS" --redis-sentinels "$$IDEMQ_REDIS_SENTINELS" \
+		--redis-master "$$IDEMQ_REDIS_MASTER" --messages 3000 --kills 2 --cuts 0 --proxy-cuts 0 --redis-restarts 0 \
+		--crash-rate 0.002 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
+		--json .data/cluster-chaos.json $(DEMO_ARGS)
 
 vet:
 	$(GO) vet ./...

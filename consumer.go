@@ -34,8 +34,15 @@ type SetupFunc func(ctx context.Context, ch *amqp.Channel) error
 // required; every other field has a documented default, filled by
 // [NewConsumer] (the zero value of a field means its default).
 type ConsumerConfig struct {
-	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL].
+	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL]
+	// (when URLs is empty too).
 	URL string
+	// URLs lists the nodes of a cluster, one URL each (URL, when set too,
+	// joins the list). Every (re)connect tries them in a fresh random
+	// order, the node of the connection that just ended last, and takes
+	// the first that answers; the Reconnect backoff runs between passes
+	// over the whole list (see failover.go).
+	URLs []string
 	// Queue to consume from. Required.
 	Queue string
 	// Group names the consumer group: dedup keys and inbox rows are
@@ -110,7 +117,7 @@ type ConsumerConfig struct {
 
 // withDefaults returns c with every unset field at its default.
 func (c ConsumerConfig) withDefaults() ConsumerConfig {
-	if c.URL == "" {
+	if c.URL == "" && len(c.URLs) == 0 {
 		c.URL = URLFromEnv()
 	}
 	if c.Group == "" {
@@ -189,6 +196,7 @@ type Consumer struct {
 	log      *slog.Logger
 	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
 	brk      *breaker  // dependency outages (breaker.go)
+	brokers  *brokers  // URL failover (failover.go)
 
 	mu      sync.Mutex
 	running bool
@@ -203,7 +211,8 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	c := &Consumer{cfg: cfg, log: cfg.Logger.With("queue", cfg.Queue, "group", cfg.Group), ready: make(chan struct{})}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.With("queue", cfg.Queue, "group", cfg.Group), ready: make(chan struct{}),
+		brokers: newBrokers(cfg.URL, cfg.URLs)}
 	if cfg.Recorder == nil {
 		c.counters = &Counters{}
 		c.rec = c.counters

@@ -15,8 +15,14 @@ import (
 
 // PublisherConfig configures a [Publisher]. The zero value is usable.
 type PublisherConfig struct {
-	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL].
+	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL]
+	// (when URLs is empty too).
 	URL string
+	// URLs lists the nodes of a cluster, one URL each (URL, when set too,
+	// joins the list); a (re)connect tries them in a fresh random order,
+	// the node of the connection that just ended last (see
+	// [ConsumerConfig.URLs]). The Retry backoff runs between passes.
+	URLs []string
 	// Setup declares topology after each (re)connect. Optional.
 	Setup SetupFunc
 	// MaxInFlight bounds publishes awaiting their confirm. Default 4096.
@@ -56,10 +62,11 @@ func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
 // Publisher publishes with confirms, mandatory routing and retries. It is
 // safe for concurrent use; each publish waits only for its own confirm.
 type Publisher struct {
-	cfg PublisherConfig
-	log *slog.Logger
-	rec Recorder
-	sem chan struct{}
+	cfg     PublisherConfig
+	log     *slog.Logger
+	rec     Recorder
+	sem     chan struct{}
+	brokers *brokers // URL failover (failover.go)
 
 	mu     sync.Mutex // guards cur and closed; held while (re)connecting
 	cur    *pubChannel
@@ -68,7 +75,7 @@ type Publisher struct {
 
 // NewPublisher returns a publisher. It connects on first use.
 func NewPublisher(cfg PublisherConfig) *Publisher {
-	if cfg.URL == "" {
+	if cfg.URL == "" && len(cfg.URLs) == 0 {
 		cfg.URL = URLFromEnv()
 	}
 	if cfg.MaxInFlight <= 0 {
@@ -93,7 +100,8 @@ func NewPublisher(cfg PublisherConfig) *Publisher {
 	if rec == nil {
 		rec = nopRecorder{}
 	}
-	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight)}
+	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight),
+		brokers: newBrokers(cfg.URL, cfg.URLs)}
 }
 
 // Publish sends msg and returns once the broker has confirmed it. A nack or
@@ -176,6 +184,9 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 			return fmt.Errorf("idemq: publish %q: confirm not received: %w", msg.ID, ctx.Err())
 		}
 		last = err
+		if errors.Is(err, ErrNacked) {
+			p.retire(pc) // failover.go
+		}
 		p.log.Debug("idemq: publish attempt failed; retrying", "message_id", msg.ID, "attempt", attempt+1, "err", err)
 	}
 }
@@ -216,7 +227,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 }
 
 func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
-	conn, err := dialRedacted(p.cfg.Dial, p.cfg.URL, amqp.Config{
+	conn, _, err := p.brokers.dial(p.cfg.Dial, amqp.Config{
 		Heartbeat:  p.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq publisher"},

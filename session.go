@@ -61,7 +61,7 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 
 // connect dials the broker and prepares a channel: QoS and topology.
 func (c *Consumer) connect(ctx context.Context) (*amqp.Connection, *amqp.Channel, error) {
-	conn, err := dialRedacted(c.cfg.Dial, c.cfg.URL, amqp.Config{
+	conn, broker, err := c.brokers.dial(c.cfg.Dial, amqp.Config{
 		Heartbeat:  c.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq consumer " + c.cfg.ConsumerTag},
@@ -69,6 +69,7 @@ func (c *Consumer) connect(ctx context.Context) (*amqp.Connection, *amqp.Channel
 	if err != nil {
 		return nil, nil, fmt.Errorf("dial: %w", err)
 	}
+	c.log.Debug("idemq: consumer connected", "broker", broker)
 	ch, err := conn.Channel()
 	if err != nil {
 		conn.Close()

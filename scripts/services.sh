@@ -203,6 +203,9 @@ down() {
 	log "stopped"
 }
 
+# Sourced (scripts/cluster.sh reuses the helpers above): define, do not run.
+[[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
+
 case "${1:-up}" in
 up)
 	mkdir -p "$DATA"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,6 +26,24 @@ type Config struct {
 	// (plain calls) for clients that do not support it (Ring). The
 	// autopipeliner is released when the client is closed. Default false.
 	AutoPipeline bool
+	// WaitReplicas, when > 0, makes Complete (and CompleteBatch) send
+	// WAIT WaitReplicas WaitTimeout after the records, on the same
+	// connection: the call returns once that many replicas acknowledged
+	// the done records, or WaitTimeout passed. Redis replication is
+	// asynchronous: without it, a primary killed right after a Complete can
+	// take the done record with it, and the promoted replica lets a
+	// redelivery of the message run again (a duplicate, counted as such in
+	// docs/GUARANTEES.md). WAIT narrows that window to records completed
+	// while fewer replicas answered than asked for (counted by
+	// [Store.WaitShortfalls]; the record is then on the primary only and
+	// Complete still succeeds). It does not make Redis strongly consistent
+	// (a replica that acknowledged may still lose the race for promotion).
+	// Meant for a primary with replicas (Sentinel); with a Redis Cluster
+	// client the WAIT goes to one node only. Default 0: no WAIT.
+	WaitReplicas int
+	// WaitTimeout bounds the WAIT. Keep it well below the client's
+	// ReadTimeout (go-redis does not know WAIT blocks). Default 100ms.
+	WaitTimeout time.Duration
 }
 
 // Store is a Redis dedup store. It does not own the client: close the
@@ -33,6 +52,8 @@ type Store struct {
 	client redis.UniversalClient // single calls (the autopipeliner if asked for)
 	raw    redis.UniversalClient // explicit pipelines of the batch calls
 	cfg    Config
+
+	waitShort atomic.Int64 // Completes whose WAIT saw fewer replicas than WaitReplicas
 }
 
 var (
@@ -44,6 +65,9 @@ var (
 
 // New returns a store on client.
 func New(client redis.UniversalClient, cfg Config) *Store {
+	if cfg.WaitReplicas > 0 && cfg.WaitTimeout <= 0 {
+		cfg.WaitTimeout = 100 * time.Millisecond
+	}
 	s := &Store{client: client, raw: client, cfg: cfg}
 	if cfg.AutoPipeline {
 		if ap, err := client.AutoPipeline(); err == nil {
@@ -240,10 +264,16 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 	if len(idx) == 0 {
 		return out
 	}
-	cmds := redisscript.Pipelined(ctx, s.raw, completeScript, len(idx), func(j int) ([]string, []any) {
+	args := func(j int) ([]string, []any) {
 		r := reqs[idx[j]]
 		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
-	})
+	}
+	var cmds []*redis.Cmd
+	if s.cfg.WaitReplicas > 0 {
+		cmds = s.completeAndWait(ctx, len(idx), args)
+	} else {
+		cmds = redisscript.Pipelined(ctx, s.raw, completeScript, len(idx), args)
+	}
 	for j, i := range idx {
 		n, err := cmds[j].Int64()
 		switch {
@@ -296,8 +326,37 @@ func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key, t
 
 // Complete implements [dedup.Store].
 func (s *Store) Complete(ctx context.Context, key, token string, window time.Duration) error {
+	if s.cfg.WaitReplicas > 0 {
+		errs := s.CompleteBatch(ctx, []dedup.CompleteRequest{{Key: key, Token: token, Window: window}})
+		return errs[0]
+	}
 	return s.cas(ctx, "complete", completeScript, key, token, max(window, time.Millisecond))
 }
+
+// completeAndWait runs n complete scripts and a WAIT in one pipeline: WAIT
+// counts the replicas that caught up with the writes of its own
+// connection, so it must follow them on the same one. The scripts go as
+// EVAL (Redis caches the compiled script either way): an EVALSHA that met
+// NOSCRIPT would need a second pipeline, and a second WAIT.
+func (s *Store) completeAndWait(ctx context.Context, n int, args redisscript.Args) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	pipe := s.raw.Pipeline()
+	for i := range n {
+		keys, a := args(i)
+		cmds[i] = completeScript.Eval(ctx, pipe, keys, a...)
+	}
+	wait := pipe.Do(ctx, "WAIT", s.cfg.WaitReplicas, s.cfg.WaitTimeout.Milliseconds())
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	if acked, err := wait.Int64(); err == nil && acked < int64(s.cfg.WaitReplicas) {
+		s.waitShort.Add(1)
+	}
+	return cmds
+}
+
+// WaitShortfalls counts the Complete and CompleteBatch calls whose WAIT
+// saw fewer replicas than Config.WaitReplicas within Config.WaitTimeout:
+// their records were on the primary only when the call returned.
+func (s *Store) WaitShortfalls() int64 { return s.waitShort.Load() }
 
 // Release implements [dedup.Store].
 func (s *Store) Release(ctx context.Context, key, token string) error {

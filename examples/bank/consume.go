@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -41,12 +42,15 @@ const (
 
 type consumeOpts struct {
 	amqpURL, pgURL, redisURL string
-	mode, queue, queueType   string
-	workers, prefetch        int
-	lease                    time.Duration
-	stats                    string
-	crash                    map[string]bool
-	crashRate                float64
+	// cluster: the nodes' URLs (comma-separated) and the Redis Sentinels
+	// (comma-separated host:port) with the primary's name.
+	amqpURLs, sentinels, master string
+	mode, queue, queueType      string
+	workers, prefetch           int
+	lease                       time.Duration
+	stats                       string
+	crash                       map[string]bool
+	crashRate                   float64
 	// freeze is the demo's freeze hook (IDEMQ_BANK_FREEZE=1); nil otherwise.
 	freeze *freezeArm
 }
@@ -64,6 +68,9 @@ func consumeMain(args []string) error {
 	fs.StringVar(&o.amqpURL, "amqp", envOr("IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "AMQP URL")
 	fs.StringVar(&o.pgURL, "postgres", envOr("IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL")
 	fs.StringVar(&o.redisURL, "redis", envOr("IDEMQ_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL")
+	fs.StringVar(&o.amqpURLs, "amqp-urls", "", "comma-separated AMQP URLs of a cluster's nodes (replaces --amqp)")
+	fs.StringVar(&o.sentinels, "redis-sentinels", "", "comma-separated Redis Sentinel addresses (replaces --redis)")
+	fs.StringVar(&o.master, "redis-master", "idemq", "the primary's name the Sentinels monitor")
 	fs.StringVar(&o.mode, "mode", "inbox", "none | dedup | inbox")
 	fs.StringVar(&o.queue, "queue", "bank.transfers", "queue name")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
@@ -201,7 +208,12 @@ func consume(ctx context.Context, o consumeOpts) error {
 	topo := topology.Topology{Queues: []topology.Queue{q}}
 	setup := topology.SetupFunc(topo)
 	var counters idemq.Counters
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, Setup: setup, Logger: log, Recorder: &counters})
+	urls := splitList(o.amqpURLs)
+	amqpURL := o.amqpURL
+	if len(urls) > 0 {
+		amqpURL = ""
+	}
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: &counters})
 	defer pub.Close()
 
 	crash := func(point string) {
@@ -260,11 +272,10 @@ func consume(ctx context.Context, o consumeOpts) error {
 	case "none":
 		handler = ownTx
 	case "dedup":
-		opt, err := redis.ParseURL(o.redisURL)
+		rc, err := redisClient(o)
 		if err != nil {
-			return fmt.Errorf("redis: %w", err)
+			return err
 		}
-		rc := redis.NewClient(opt)
 		defer rc.Close()
 		store := redisstore.New(rc, redisstore.Config{})
 		g, err := dedup.NewGuard(dedup.Config{Store: store, Prefix: "bank", Lease: o.lease, Logger: log})
@@ -291,7 +302,7 @@ func consume(ctx context.Context, o consumeOpts) error {
 		handler = ib.Handler(effect)
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		URL: o.amqpURL, Queue: o.queue, Group: "bank", Prefetch: o.prefetch, Workers: o.workers,
+		URL: amqpURL, URLs: urls, Queue: o.queue, Group: "bank", Prefetch: o.prefetch, Workers: o.workers,
 		Setup: setup, Recorder: &counters, Logger: log,
 		Pipeline:        idemq.Pipeline{Policy: policy, Middleware: mws, Guard: guard, Handler: handler},
 		ShutdownTimeout: 10 * time.Second, Breaker: idemq.BreakerConfig{Probes: probes},
@@ -444,4 +455,29 @@ func writeStats(path string, c *idemq.Counters) (stop func()) {
 		}
 	}()
 	return func() { close(done); <-finished }
+}
+
+// redisClient is the dedup store's client: through the Sentinels when
+// --redis-sentinels is set, else --redis.
+func redisClient(o consumeOpts) (*redis.Client, error) {
+	if sents := splitList(o.sentinels); len(sents) > 0 {
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: o.master, SentinelAddrs: sents,
+			DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}), nil
+	}
+	opt, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	return redis.NewClient(opt), nil
+}
+
+// splitList splits a comma-separated list, dropping empty entries.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

@@ -29,16 +29,22 @@ import (
 
 type demoOpts struct {
 	amqpURL, pgURL, redisURL string
-	messages, kills, cuts    int
-	consumers                int
-	resendPct                int
-	crashRate                float64
-	modes                    []string
-	timeout                  time.Duration
-	queueType                string
-	jsonOut                  string
-	redisRestarts, proxyCuts int
-	brokerRestarts           int
+	// A cluster (make cluster-chaos): the nodes' URLs and the Redis
+	// Sentinels, comma-separated, the primary's name, and the faults
+	// scripts/cluster.sh injects mid-run, in order.
+	amqpURLs, sentinels, master string
+	clusterFaults               []string
+	clusterScript               string
+	messages, kills, cuts       int
+	consumers                   int
+	resendPct                   int
+	crashRate                   float64
+	modes                       []string
+	timeout                     time.Duration
+	queueType                   string
+	jsonOut                     string
+	redisRestarts, proxyCuts    int
+	brokerRestarts              int
 	// Dependency outages: the mode's PostgreSQL (a private server of the
 	// demo's, pg) and the dedup modes' private Redis are stopped for a
 	// while during the backlog.
@@ -98,11 +104,30 @@ func demoMain(args []string) error {
 	fs.DurationVar(&o.timeout, "timeout", 100*time.Second, "time allowed per mode")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
 	fs.StringVar(&o.jsonOut, "json", "", "also write the ledgers as JSON to this file")
+	fs.StringVar(&o.amqpURLs, "amqp-urls", "", "comma-separated AMQP URLs of a cluster's nodes: the publisher and the consumers fail over between them (the demo's own bookkeeping uses the first)")
+	fs.StringVar(&o.sentinels, "redis-sentinels", "", "comma-separated Redis Sentinel addresses: the dedup modes' store goes through them")
+	fs.StringVar(&o.master, "redis-master", "idemq", "the primary's name the Sentinels monitor")
+	var clusterFaults string
+	fs.StringVar(&clusterFaults, "cluster-faults", "", "comma-separated faults of the cluster, injected in order as the consumers progress, per mode: "+
+		"leader-kill (kill -9 the node leading the queue, restart it), rolling (restart the nodes one at a time), "+
+		"outage (stop a node for 20s, longer than the consumers' reconnect backoff), redis-failover (kill -9 the Redis primary; dedup modes only)")
+	fs.StringVar(&o.clusterScript, "cluster-script", "scripts/cluster.sh", "the script that runs the cluster's faults")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	if urls := splitList(o.amqpURLs); len(urls) > 0 && !explicit["amqp"] {
+		o.amqpURL = urls[0]
+	}
+	for _, f := range splitList(clusterFaults) {
+		switch f {
+		case "leader-kill", "rolling", "outage", "redis-failover":
+			o.clusterFaults = append(o.clusterFaults, f)
+		default:
+			return fmt.Errorf("--cluster-faults: unknown fault %q", f)
+		}
+	}
 	if o.redisRestarts < 0 {
 		o.redisRestarts = o.cuts
 	}
@@ -178,6 +203,9 @@ func demoMain(args []string) error {
 	for _, l := range ledgers {
 		if l.mode == modeInbox && !l.exact() {
 			return errors.New("inbox mode was not exact: this is a bug")
+		}
+		if len(o.clusterFaults) > 0 && l.lost > 0 {
+			return fmt.Errorf("mode %s lost %d transfers through the cluster faults", l.mode, l.lost)
 		}
 	}
 	return nil
@@ -417,7 +445,27 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 			return nil
 		}})
 	}
+	// Cluster faults: fault k fires once the consumers applied k/(F+1) of
+	// the transfers; the publisher holds half a step later until it has
+	// started, so every fault meets a backlog and publishes go on during it.
+	var faults []string
+	for _, f := range o.clusterFaults {
+		if f != "redis-failover" || mode == modeDedup || mode == modeDedupNoPersist {
+			faults = append(faults, f)
+		}
+	}
+	clusterHold := map[int]chan struct{}{}
+	for k, f := range faults {
+		started := make(chan struct{})
+		step := o.messages / (len(faults) + 1)
+		clusterHold[(k+1)*step+step/2] = started
+		events = append(events, faultEvent{at: (k + 1) * step, fire: func(ctx context.Context) error {
+			return clusterFault(ctx, o.clusterScript, f, queue, started)
+		}})
+	}
 	switch {
+	case (mode == modeDedup || mode == modeDedupNoPersist) && o.sentinels != "":
+		l.redis = "sentinel"
 	case mode == modeDedup && o.redisRestarts == 0 && o.redisOutages == 0:
 		l.redis = "shared"
 	case mode == modeDedup || mode == modeDedupNoPersist:
@@ -521,7 +569,7 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	}
 
 	// Publish while the consumers work and get killed.
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, Setup: topology.SetupFunc(topo)})
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, URLs: splitList(o.amqpURLs), Setup: topology.SetupFunc(topo)})
 	defer pub.Close()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	var expected int64
@@ -539,6 +587,12 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 			case <-pubCtx.Done():
 			case <-time.After(o.timeout / 2):
 				fmt.Fprintf(os.Stderr, "(no dependency outage started within %v; publishing on) ", o.timeout/2)
+			}
+		}
+		if started, ok := clusterHold[i]; ok {
+			select {
+			case <-started:
+			case <-pubCtx.Done():
 			}
 		}
 		if armed, ok := freezeArmed[i]; ok {
@@ -608,7 +662,8 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	// Let the crash-prone consumers go, and finish with one clean consumer
 	// so that everything still queued (redeliveries after a kill) is seen.
 	sup.stopAll()
-	final := newSupervisor("final", demoOpts{amqpURL: o.amqpURL, redisURL: co.redisURL, queueType: o.queueType}, mode, queue, dbURL, dir)
+	final := newSupervisor("final", demoOpts{amqpURL: o.amqpURL, redisURL: co.redisURL, queueType: o.queueType,
+		amqpURLs: o.amqpURLs, sentinels: o.sentinels, master: o.master}, mode, queue, dbURL, dir)
 	final.start(1)
 	quiet := time.Now().Add(o.timeout / 4)
 	for time.Now().Before(quiet) && ctx.Err() == nil {
@@ -909,6 +964,12 @@ func (s *supervisor) run(slot int) {
 		cmd := exec.Command(self, "consume", "--mode", consumerMode(s.mode), "--queue", s.queue, "--queue-type", s.o.queueType,
 			"--amqp", s.o.amqpURL, "--postgres", s.db, "--redis", s.o.redisURL, "--stats", stats,
 			"--lease", consumerLease.String(), "--workers", "4", "--prefetch", "50")
+		if s.o.amqpURLs != "" {
+			cmd.Args = append(cmd.Args, "--amqp-urls", s.o.amqpURLs)
+		}
+		if s.o.sentinels != "" {
+			cmd.Args = append(cmd.Args, "--redis-sentinels", s.o.sentinels, "--redis-master", s.o.master)
+		}
 		cmd.Env = os.Environ()
 		if s.o.crashRate > 0 {
 			cmd.Env = append(cmd.Env, "IDEMQ_BANK_CRASH=before-claim,in-handler,after-commit,before-ack",
@@ -1151,4 +1212,43 @@ frozen          a consumer stopped (SIGSTOP) in a handler — effect written, no
 			break
 		}
 	}
+}
+
+// clusterFault runs one fault of --cluster-faults with the cluster's
+// script; started is closed once the fault has begun (the node is down,
+// the primary killed). It returns once the cluster is whole again.
+func clusterFault(ctx context.Context, script, fault, queue string, started chan struct{}) error {
+	defer func() {
+		select {
+		case <-started:
+		default:
+			close(started)
+		}
+	}()
+	var args []string
+	switch fault {
+	case "leader-kill":
+		args = []string{"kill-leader", queue, "2"}
+	case "rolling":
+		args = []string{"rolling"}
+	case "outage":
+		args = []string{"outage", "2", "20"}
+	case "redis-failover":
+		args = []string{"redis-failover"}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, script, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cluster fault %s: %w", fault, err)
+	}
+	close(started)
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("cluster fault %s: %w\n%s", fault, err, out.String())
+	}
+	fmt.Fprintf(os.Stderr, "(cluster fault %s done in %.0fs) ", fault, time.Since(start).Seconds())
+	return nil
 }
