@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/deadletter"
+	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/topology"
 )
 

@@ -15,9 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/deadletter"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
-	"github.com/idemq/idemq/deadletter"
 	"github.com/idemq/idemq/internal/console"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"

@@ -160,4 +160,6 @@ func seed(t *testing.T, p topology.Plan, n int, causes ...string) {
 	testenv.Eventually(t, wait, "dead letters seeded", func() bool { n, _ := testenv.QueueCounts(t, p.DLQ); return n == want })
 }
 
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
 func depth(t *testing.T, q string) int { n, _ := testenv.QueueCounts(t, q); return n }

@@ -36,16 +36,16 @@ const (
 
 // Server is the console's HTTP server.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	pages   map[string]*template.Template
-	pairs   []queuePair
-	byDLQ   map[string]queuePair
-	pub     deadletter.Publisher
+	cfg      Config
+	log      *slog.Logger
+	pages    map[string]*template.Template
+	pairs    []queuePair
+	byDLQ    map[string]queuePair
+	pub      deadletter.Publisher
 	closePub func()
-	jobs    *jobs
-	sampler *sampler
-	handler http.Handler
+	jobs     *jobs
+	sampler  *sampler
+	handler  http.Handler
 
 	mu     sync.Mutex
 	qlocks map[string]*sync.Mutex // per dead-letter queue: one operation at a time
@@ -108,7 +108,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	s.log.Info("idemq console listening", "addr", ln.Addr().String(), "token", s.cfg.Token != "", "read_only", s.cfg.ReadOnly,
+	s.log.Info("idemq console listening", "addr", ln.Addr().String(), "auth", s.cfg.Token != "", "read_only", s.cfg.ReadOnly,
 		"amqp", redact.URL(s.cfg.AMQPURL), "queues", len(s.pairs))
 	select {
 	case err := <-errc:
@@ -117,11 +117,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	err := srv.Shutdown(sctx)
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
+	if err := srv.Shutdown(sctx); err != nil {
+		// Connections still busy after the grace period (a browser's
+		// keep-alive mid-request) are cut.
+		s.log.Info("idemq console: connections cut at shutdown", "err", err)
+		_ = srv.Close()
 	}
-	return err
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
 
 // ListenAndServe listens on Config.Listen and serves until ctx is done.
@@ -205,7 +210,7 @@ func (s *Server) secure(next http.Handler) http.Handler {
 		h.Set("X-Content-Type-Options", "nosniff")
 		h.Set("X-Frame-Options", "DENY")
 		h.Set("Referrer-Policy", "no-referrer")
-		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; connect-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		h.Set("Cache-Control", "no-store")
 		if s.cfg.Token == "" {
 			if !loopbackHost(r.Host) {
@@ -360,9 +365,9 @@ func dlqLink(path, dlq string, kv ...string) string {
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"link":     dlqLink,
-		"oneLine":  func(s string, n int) string { return oneLine(s, n) },
-		"orDash":   func(s string) string { return orDash(s) },
+		"link":      dlqLink,
+		"oneLine":   func(s string, n int) string { return oneLine(s, n) },
+		"orDash":    func(s string) string { return orDash(s) },
 		"shortTime": shortTime,
 		"pct": func(done, total int64) int64 {
 			if total <= 0 {
