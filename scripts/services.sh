@@ -68,6 +68,7 @@ install_missing() {
 	need redis-server redis-server
 	need mariadbd mariadb-server
 	need mariadb mariadb-client
+	need chromium chromium # the console's browser tests (headless)
 	if ((${#need_pkgs[@]})); then
 		[ "$(id -u)" = 0 ] || die "missing ${need_pkgs[*]}; run as root or install them"
 		log "installing ${need_pkgs[*]} from Debian's packages"

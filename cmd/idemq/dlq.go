@@ -47,7 +47,7 @@ func newDLQCmd() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&f.url, "url", "", "broker URL (default $"+envAMQPURL+")")
 	cmd.PersistentFlags().StringVar(&f.dlq, "dlq", "", "dead-letter queue name (default QUEUE.dlq)")
-	cmd.AddCommand(newDLQListCmd(&f, false), newDLQListCmd(&f, true), newDLQReplayCmd(&f), newDLQPurgeCmd(&f))
+	cmd.AddCommand(newDLQListCmd(&f, false), newDLQListCmd(&f, true), newDLQGroupsCmd(&f), newDLQReplayCmd(&f), newDLQPurgeCmd(&f))
 	return cmd
 }
 
@@ -79,6 +79,7 @@ func (f *dlqFlags) queue(arg string) string {
 type filter struct {
 	reasons []string
 	ids     []string
+	groups  []string
 }
 
 func (f filter) match(e *deadletter.Entry) bool {
@@ -88,12 +89,16 @@ func (f filter) match(e *deadletter.Entry) bool {
 	if len(f.ids) > 0 && !slices.Contains(f.ids, e.MessageID) {
 		return false
 	}
+	if len(f.groups) > 0 && !slices.Contains(f.groups, deadletter.GroupKey(e)) {
+		return false
+	}
 	return true
 }
 
 func (f *filter) flags(cmd *cobra.Command) {
 	cmd.Flags().StringSliceVar(&f.reasons, "reason", nil, "only dead letters with this reason (repeatable; broker reasons are broker:rejected, broker:expired, broker:delivery_limit, …)")
 	cmd.Flags().StringSliceVar(&f.ids, "id", nil, "only the dead letter with this message ID (repeatable)")
+	cmd.Flags().StringSliceVar(&f.groups, "group", nil, "only the dead letters of this group (repeatable; the KEY column of dlq groups)")
 }
 
 func newDLQListCmd(f *dlqFlags, detail bool) *cobra.Command {
@@ -149,6 +154,55 @@ func newDLQListCmd(f *dlqFlags, detail bool) *cobra.Command {
 		def = 1
 	}
 	cmd.Flags().IntVar(&limit, "limit", def, "at most this many messages (0: all)")
+	addOutputFlag(cmd, &output)
+	return cmd
+}
+
+func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
+	var flt filter
+	var output string
+	cmd := &cobra.Command{
+		Use:   "groups QUEUE",
+		Short: "Group dead letters by cause: reason and error text with numbers and IDs masked (non-destructive)",
+		Long:  dlqLong,
+		Args:  cobra.ExactArgs(1),
+		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
+			cio, err := newIO(cmd, output)
+			if err != nil {
+				return err
+			}
+			dlq := f.queue(args[0])
+			c, err := deadletter.Open(amqpURL(f.url))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			total, entries, err := c.List(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match})
+			if err != nil {
+				return err
+			}
+			groups := deadletter.GroupEntries(entries)
+			if cio.json {
+				return cio.printJSON(map[string]any{"queue": dlq, "total": total, "groups": groups})
+			}
+			cio.printf("%s: %d message(s), %d group(s)\n", dlq, total, len(groups))
+			if len(groups) == 0 {
+				return nil
+			}
+			tw := tabwriter.NewWriter(cio.out, 2, 8, 2, ' ', 0)
+			fmt.Fprintln(tw, "KEY\tCOUNT\tREASON\tERROR (normalised)")
+			for _, g := range groups {
+				n := fmt.Sprint(g.Count)
+				if g.Duplicates > 0 {
+					n += fmt.Sprintf(" (+%d)", g.Duplicates)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Key, n, g.Reason, orDash(oneLine(g.Pattern, 80)))
+			}
+			tw.Flush()
+			return nil
+		}),
+	}
+	flt.flags(cmd)
 	addOutputFlag(cmd, &output)
 	return cmd
 }

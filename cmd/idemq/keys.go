@@ -49,10 +49,7 @@ func newKeysCmd() *cobra.Command {
 }
 
 // keyStore is what the keys commands need of a dedup store.
-type keyStore interface {
-	dedup.Inspector
-	dedup.IdleForgetter
-}
+type keyStore = dedup.KeyAdmin
 
 // openInspector returns the dedup store the keys commands work on. It is
 // the one place that knows the backend (Redis today).
@@ -96,7 +93,7 @@ func viewOf(key string, rec dedup.Record, ok bool, now time.Time) keyView {
 	v.State, v.Owner = string(rec.State), rec.Owner
 	if !rec.ExpiresAt.IsZero() {
 		v.ExpiresAt = rec.ExpiresAt.UTC().Format(time.RFC3339)
-		v.TTL = rec.ExpiresAt.Sub(now).Round(time.Second).String()
+		v.TTL = rec.TTL(now).Round(time.Second).String()
 	}
 	return v
 }
@@ -148,16 +145,7 @@ func newKeysForgetCmd(f *keysFlags) *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			return withStore(cmd, f, output, args[0], func(ctx context.Context, cio *cmdIO, ks keyStore, key string) error {
-				var rec dedup.Record
-				var ok bool
-				var err error
-				if force {
-					if rec, ok, err = ks.Get(ctx, key); err == nil {
-						err = ks.Forget(ctx, key)
-					}
-				} else {
-					rec, ok, err = ks.ForgetIdle(ctx, key)
-				}
+				rec, ok, err := dedup.ForgetKey(ctx, ks, key, force)
 				v := viewOf(key, rec, ok, time.Now())
 				if errors.Is(err, dedup.ErrLeaseHeld) {
 					return fmt.Errorf("refusing to forget %s: it is %s, owner %s, lease expires %s (in %s): a consumer is running this message now "+
