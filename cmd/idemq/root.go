@@ -15,6 +15,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd())
+	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd(), newGateCmd())
 	return root
 }
