@@ -125,7 +125,18 @@ func (f *forwarder) close() {
 // *idemq.ReturnedError (confirmed but unroutable), an error wrapping
 // ErrRefused (the broker closed the channel with 406), an error wrapping
 // errTransient, or ctx's error.
-func (f *forwarder) publishOnce(ctx context.Context, exchange, key string, pub amqp.Publishing) error {
+//
+// ctx bounds the attempt (ForwardTimeout). hctx is the handler's context:
+// no publish is sent once it has ended, but a publish already on the wire
+// is waited for up to grace more when hctx ends for a reason other than a
+// lost lease (the consumer's channel died): once it is confirmed the ID
+// can be completed and the broker's redelivery is acked as a duplicate,
+// instead of being forwarded a second time. grace is short enough that
+// the lease (renewed every Lease/3, trusted for 0.8×Lease) still holds.
+func (f *forwarder) publishOnce(ctx, hctx context.Context, grace time.Duration, exchange, key string, pub amqp.Publishing) error {
+	if err := hctx.Err(); err != nil {
+		return err
+	}
 	fc, err := f.take()
 	if err != nil {
 		return err
@@ -146,8 +157,20 @@ func (f *forwarder) publishOnce(ctx context.Context, exchange, key string, pub a
 		ret = &idemq.ReturnedError{MessageID: r.MessageId, Exchange: r.Exchange, RoutingKey: r.RoutingKey,
 			ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
 	}
+	hdone := hctx.Done()
+	var graceC <-chan time.Time
 	for {
 		select {
+		case <-hdone:
+			if errors.Is(context.Cause(hctx), idemq.ErrLeaseLost) {
+				return context.Cause(hctx)
+			}
+			hdone = nil
+			t := time.NewTimer(grace)
+			defer t.Stop()
+			graceC = t.C
+		case <-graceC:
+			return hctx.Err()
 		case r, ok := <-fc.returns:
 			if ok {
 				returned(r)

@@ -273,14 +273,16 @@ func publishing(ctx context.Context, d *idemq.Delivery) amqp.Publishing {
 func (g *Gate) forward(ctx context.Context, d *idemq.Delivery) error {
 	rec := idemq.RecorderFrom(ctx)
 	pub := publishing(ctx, d)
-	fctx, cancel := context.WithTimeout(ctx, g.cfg.ForwardTimeout)
+	// The forward's deadline; not cancelled with the handler's context
+	// (see forwarder.publishOnce: a publish on the wire is seen through).
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ForwardTimeout)
 	defer cancel()
 	for _, r := range g.cfg.Routes {
 		key := r.RoutingKey
 		if key == "" {
 			key = d.RoutingKey
 		}
-		if err := g.publish(fctx, rec, r.Exchange, key, pub); err != nil {
+		if err := g.publish(fctx, ctx, rec, r.Exchange, key, pub); err != nil {
 			id, _ := d.ID()
 			var ret *idemq.ReturnedError
 			switch {
@@ -307,20 +309,21 @@ func (g *Gate) forward(ctx context.Context, d *idemq.Delivery) error {
 	return nil
 }
 
-// publish retries transient failures with backoff until ctx ends.
-func (g *Gate) publish(ctx context.Context, rec idemq.Recorder, exchange, key string, pub amqp.Publishing) error {
+// publish retries transient failures with backoff until ctx (the
+// forward's deadline) or hctx (the handler's context) ends.
+func (g *Gate) publish(ctx, hctx context.Context, rec idemq.Recorder, exchange, key string, pub amqp.Publishing) error {
 	pol := backoff.Policy{Min: 50 * time.Millisecond, Max: 2 * time.Second}
 	var last error
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			rec.Add(CountForwardRetries, 1)
-			if err := backoff.Sleep(ctx, pol.Delay(attempt-1)); err != nil {
-				return fmt.Errorf("%w (last error: %v)", err, last)
+			if err := backoff.Sleep(hctx, min(pol.Delay(attempt-1), time.Until(deadline(ctx)))); err != nil || ctx.Err() != nil {
+				return fmt.Errorf("%w (last error: %v)", errors.Join(err, ctx.Err()), last)
 			}
 		}
-		err := g.fwd.publishOnce(ctx, exchange, key, pub)
+		err := g.fwd.publishOnce(ctx, hctx, g.cfg.Lease/3, exchange, key, pub)
 		if err == nil || !errors.Is(err, errTransient) {
-			if err != nil && ctx.Err() != nil && last != nil {
+			if err != nil && last != nil && (ctx.Err() != nil || hctx.Err() != nil) {
 				return fmt.Errorf("%w (last error: %v)", err, last)
 			}
 			return err
@@ -334,3 +337,11 @@ func (g *Gate) publish(ctx context.Context, rec idemq.Recorder, exchange, key st
 type tee struct{ a, b idemq.Recorder }
 
 func (t tee) Add(name string, delta int64) { t.a.Add(name, delta); t.b.Add(name, delta) }
+
+func deadline(ctx context.Context) time.Time {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return time.Now().Add(time.Hour)
+	}
+	return d
+}
