@@ -169,4 +169,3 @@ func drainCh(t *testing.T, ch *amqp.Channel, q string) []amqp.Delivery {
 		outs = append(outs, d)
 	}
 }
-
