@@ -48,7 +48,7 @@
 // default 30 s), a gate forwards it again: downstream sees that message
 // twice. So each kill can duplicate at most the messages that gate was
 // forwarding at that instant (at most Workers); measured under load,
-// 16 workers, SIGKILL at random points: 4.5–7.9 per kill (fault test
+// 16 workers, SIGKILL at random points: 4.5–9.6 per kill (fault test
 // TestFaultGateKill). Killed anywhere else nothing is duplicated, and a
 // kill never loses a message: before the publish, the message is
 // forwarded once after the lease; after Complete, the redelivery is acked
