@@ -134,6 +134,8 @@ var sections = []section{
 		[]string{"Consume", "Dedup", "RedisTuning", "Inbox", "Bloom", "Watermill"}, "Consume/raw-ack-each", "msgs/s"},
 	{"Publish", "Publishing persistent 256-byte messages, each confirmed by the broker (mandatory, as idemq's publisher does).",
 		[]string{"Publish"}, "Publish/raw-confirm-window-256", "msgs/s"},
+	{"Gate (deduplicating forwarder)", "`idemq gate` with the Redis store: consume, claim, publish to the output queue with confirms, complete, ack. Ratios against a raw amqp091-go forwarder doing the same broker work without dedup (200 confirms in flight, ack each after its confirm); the targets below compare with Consume/raw-ack-each.",
+		[]string{"Gate"}, "Gate/raw-forward-ack-each", "msgs/s"},
 	{"Outbox relay (PostgreSQL)", "Rows committed to the outbox, published with confirms and marked sent; commit → delivery latency with LISTEN/NOTIFY and with polling.",
 		[]string{"Relay"}, "", "rows/s"},
 }
@@ -310,6 +312,14 @@ func targets(runs map[string][]sample) string {
 		}
 		if n, v := best("Inbox/idemq-inbox-postgres-batch"); n != "" {
 			row("batched inbox ≥ 0.5× raw ack-each (best batch size)", v/raw, 0.5, n)
+		}
+	}
+	if v, ok := med("Gate/gate-redis", "msgs/s"); ok {
+		if okRaw {
+			row("gate (Redis dedup) ≥ 0.5× raw ack-each", v/raw, 0.5, "Gate/gate-redis")
+		}
+		if fw, ok := med("Gate/raw-forward-ack-each", "msgs/s"); ok {
+			row("gate (Redis dedup) ≥ 0.5× raw forward (consume + confirmed publish)", v/fw, 0.5, "Gate/gate-redis")
 		}
 	}
 	if wm, ok := med("Watermill/watermill-prefetch200-dedup-redis", "msgs/s"); ok {

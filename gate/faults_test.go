@@ -1,0 +1,256 @@
+//go:build faults
+
+package gate_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/gate"
+	"github.com/idemq/idemq/internal/testenv"
+)
+
+// Environment of the helper gate process.
+const (
+	envGateHelper   = "IDEMQ_GATE_HELPER"
+	envGateURL      = "IDEMQ_GATE_URL"
+	envGateIngress  = "IDEMQ_GATE_INGRESS"
+	envGateExchange = "IDEMQ_GATE_EXCHANGE"
+	envGatePrefix   = "IDEMQ_GATE_PREFIX"
+)
+
+const (
+	faultLease   = 2 * time.Second
+	faultWorkers = 16
+)
+
+// TestHelperGateProcess is not a test: it is the gate process the fault
+// tests start (the test binary re-executed), kill with SIGKILL and restart.
+func TestHelperGateProcess(t *testing.T) {
+	if os.Getenv(envGateHelper) != "1" {
+		return
+	}
+	opt, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	g, err := gate.New(gate.Config{
+		URL:     os.Getenv(envGateURL),
+		Ingress: os.Getenv(envGateIngress),
+		Routes:  []gate.Route{{Exchange: os.Getenv(envGateExchange), RoutingKey: "out"}},
+		Store:   redisstore.New(rdb, redisstore.Config{KeyPrefix: os.Getenv(envGatePrefix) + ":"}),
+		Lease:   faultLease,
+		Workers: faultWorkers,
+		Logger:  quiet(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := g.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type gateProc struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+func startGateProc(t *testing.T, r *rig, url string) *gateProc {
+	t.Helper()
+	p := &gateProc{}
+	p.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperGateProcess$", "-test.count=1")
+	p.cmd.Env = testenv.Env(envGateHelper+"=1", envGateURL+"="+url, envGateIngress+"="+r.ingress,
+		envGateExchange+"="+r.exchange, envGatePrefix+"="+r.prefix)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *gateProc) kill() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+// outCounter consumes the output queue and counts each message ID.
+type outCounter struct {
+	mu     sync.Mutex
+	seen   map[string]int
+	copies int
+}
+
+func countOutput(t *testing.T, queue string) *outCounter {
+	t.Helper()
+	ch := testenv.Channel(t)
+	ds, err := ch.Consume(queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &outCounter{seen: map[string]int{}}
+	go func() {
+		for d := range ds {
+			c.mu.Lock()
+			c.seen[d.MessageId]++
+			c.copies++
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *outCounter) unique() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+// gateChaos runs two gate processes on one ingress queue while the
+// producer resends 30% of n messages under the same ID, SIGKILLs a random
+// gate (and restarts it) kills times and cuts every gate connection cuts
+// times, at evenly spread points of the progress. It returns the unique
+// IDs forwarded and the IDs forwarded more than once.
+func gateChaos(t *testing.T, n, kills, cuts int) (unique, twice int) {
+	r := newRig(t)
+	proxy, url := testenv.AMQPProxy(t)
+	out := countOutput(t, r.out)
+
+	var pubs []amqp.Publishing
+	resent := 0
+	for i := 0; i < n; i++ {
+		p := amqp.Publishing{MessageId: "m-" + strconv.Itoa(i), Body: []byte(strconv.Itoa(i)), DeliveryMode: amqp.Persistent}
+		pubs = append(pubs, p)
+		if rand.IntN(10) < 3 {
+			pubs = append(pubs, p) // a producer resend after a lost confirm
+			resent++
+		}
+	}
+	rand.Shuffle(len(pubs), func(i, j int) { pubs[i], pubs[j] = pubs[j], pubs[i] })
+	testenv.Publish(t, "", r.ingress, pubs...)
+
+	procs := []*gateProc{startGateProc(t, r, url), startGateProc(t, r, url)}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.kill()
+		}
+	})
+	faults := kills + cuts
+	kinds := make([]bool, faults) // true: kill
+	for i := 0; i < kills; i++ {
+		kinds[i] = true
+	}
+	rand.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	for i, kill := range kinds {
+		at := (i + 1) * n / (faults + 2)
+		at += rand.IntN(n/(faults+2)/2 + 1) // a random point, under load
+		testenv.Eventually(t, 60*time.Second, fmt.Sprintf("%d forwarded before fault %d", at, i+1), func() bool {
+			return out.unique() >= at
+		})
+		if kill {
+			k := rand.IntN(len(procs))
+			procs[k].kill()
+			procs[k] = startGateProc(t, r, url)
+		} else {
+			proxy.Cut()
+		}
+	}
+	testenv.Eventually(t, 90*time.Second, "every unique message forwarded", func() bool { return out.unique() == n })
+	// Everything settled: the ingress queue is empty and stays so while
+	// the gates' deferred copies (held for a lease) come back and go.
+	ch := testenv.Channel(t)
+	empty := func() bool {
+		q, err := ch.QueueDeclarePassive(r.ingress, true, false, false, false, nil)
+		return err == nil && q.Messages == 0
+	}
+	var since time.Time
+	testenv.Eventually(t, 60*time.Second, "ingress settled", func() bool {
+		if !empty() {
+			since = time.Time{}
+			return false
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		return time.Since(since) > 2*faultLease
+	})
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range procs {
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("gate did not stop on SIGTERM:\n%s", p.out.String())
+		}
+	}
+	if m, _ := testenv.QueueCounts(t, r.ingress); m != 0 {
+		t.Fatalf("%d messages left in the ingress queue", m)
+	}
+	if m, _ := testenv.QueueCounts(t, r.dlq); m != 0 {
+		t.Fatalf("%d messages dead-lettered", m)
+	}
+	testenv.Eventually(t, 30*time.Second, "output drained", func() bool {
+		q, err := ch.QueueDeclarePassive(r.out, true, false, false, false, nil)
+		return err == nil && q.Messages == 0
+	})
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	for _, c := range out.seen {
+		if c > 1 {
+			twice += c - 1
+		}
+	}
+	t.Logf("published %d (%d unique, %d producer resends); %d SIGKILLs, %d connection cuts; forwarded %d unique, lost 0, forwarded again %d (%.2f per fault, %.3f%% of unique)",
+		len(pubs), n, resent, kills, cuts, len(out.seen), twice, float64(twice)/float64(max(kills+cuts, 1)), 100*float64(twice)/float64(n))
+	return len(out.seen), twice
+}
+
+// Gates killed with SIGKILL at random points under load lose nothing; the
+// only duplicates are the crash window — killed after a publish left for
+// the broker and before its ID was completed — at most one per message
+// the killed gate was forwarding (Workers).
+func TestFaultGateKill(t *testing.T) {
+	const n, kills = 6000, 10
+	unique, twice := gateChaos(t, n, kills, 0)
+	if unique != n {
+		t.Fatalf("forwarded %d of %d", unique, n)
+	}
+	if twice > kills*faultWorkers {
+		t.Fatalf("%d messages forwarded again in %d kills: more than the %d forwards in flight per kill", twice, kills, faultWorkers)
+	}
+}
+
+// Connections cut under load (both gates' consumer and forwarder
+// connections) lose nothing; a forward whose confirm was lost with its
+// connection is published again (the publisher's own ambiguity).
+func TestFaultGateConnectionCuts(t *testing.T) {
+	const n, cuts = 3000, 4
+	unique, twice := gateChaos(t, n, 0, cuts)
+	if unique != n {
+		t.Fatalf("forwarded %d of %d", unique, n)
+	}
+	if twice > cuts*2*faultWorkers {
+		t.Fatalf("%d messages forwarded again in %d cuts", twice, cuts)
+	}
+}
