@@ -11,7 +11,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
@@ -308,34 +307,7 @@ func printDetails(cio *cmdIO, dlq string, total, dups int, entries []*deadletter
 	}
 }
 
-func showHeader(v any) string {
-	switch x := v.(type) {
-	case string:
-		return fmt.Sprintf("%q", x)
-	case []byte:
-		return fmt.Sprintf("%q", x)
-	case time.Time:
-		return x.UTC().Format(time.RFC3339)
-	case []any:
-		parts := make([]string, len(x))
-		for i, e := range x {
-			parts[i] = showHeader(e)
-		}
-		return "[" + strings.Join(parts, ", ") + "]"
-	case amqp.Table:
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		parts := make([]string, len(keys))
-		for i, k := range keys {
-			parts[i] = k + "=" + showHeader(x[k])
-		}
-		return "{" + strings.Join(parts, " ") + "}"
-	}
-	return fmt.Sprint(v)
-}
+func showHeader(v any) string { return deadletter.FormatHeader(v, true) }
 
 func newDLQReplayCmd(f *dlqFlags) *cobra.Command {
 	var flt filter

@@ -16,8 +16,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/deadletter"
 	"github.com/idemq/idemq/retry"
 )
@@ -158,34 +156,7 @@ func (s *Server) dlqPage(w http.ResponseWriter, r *http.Request) {
 // headerRow is one header as the detail page shows it.
 type headerRow struct{ Key, Value string }
 
-func showHeader(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case []byte:
-		return fmt.Sprintf("%q", x)
-	case time.Time:
-		return x.UTC().Format(time.RFC3339)
-	case []any:
-		parts := make([]string, len(x))
-		for i, e := range x {
-			parts[i] = showHeader(e)
-		}
-		return "[" + strings.Join(parts, ", ") + "]"
-	case amqp.Table:
-		keys := make([]string, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		parts := make([]string, len(keys))
-		for i, k := range keys {
-			parts[i] = k + "=" + showHeader(x[k])
-		}
-		return "{" + strings.Join(parts, " ") + "}"
-	}
-	return fmt.Sprint(v)
-}
+func showHeader(v any) string { return deadletter.FormatHeader(v, false) }
 
 // bodyView is a body as JSON pretty-printed when it is JSON, else a hex
 // dump.
