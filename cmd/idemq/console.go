@@ -132,7 +132,7 @@ func runConsole(cmd *cobra.Command, f consoleFlags) (err error) {
 	}
 	if !f.noRedis {
 		u := redisURL(f.redis)
-		opt, err := redis.ParseURL(u)
+		opt, err := redisOptions(u)
 		if err != nil {
 			return fmt.Errorf("--redis %s: %w", redactURL(u), err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/bloom"
 	"github.com/idemq/idemq/dedup/bloom/redisbloom"
+	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/sqlstore"
 	"github.com/idemq/idemq/gate"
 	"github.com/idemq/idemq/internal/redact"
@@ -147,7 +148,8 @@ func gateConfig(f gateFlags) (gate.Config, error) {
 }
 
 // gateStore opens the dedup store of --store; nil for redis (the gate
-// opens its default store itself).
+// opens its default store itself) unless IDEMQ_REDIS_CA names the CA of a
+// rediss:// server, which the gate's own parse of the URL does not know.
 func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.Store, func(), error) {
 	sc := sqlstore.Config{Table: f.table, PurgeInterval: 10 * time.Minute}
 	needDB := func() error {
@@ -158,7 +160,15 @@ func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.St
 	}
 	switch f.store {
 	case "", "redis":
-		return nil, func() {}, nil
+		if os.Getenv(envRedisCA) == "" {
+			return nil, func() {}, nil
+		}
+		opt, err := redisOptions(redisURL(f.redisURL))
+		if err != nil {
+			return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(redisURL(f.redisURL)), err)
+		}
+		rdb := redis.NewClient(opt)
+		return redisstore.New(rdb, redisstore.Config{KeyPrefix: f.redisKeyPrefix}), func() { rdb.Close() }, nil
 	case "postgres", "mysql", "sqlite":
 		if err := needDB(); err != nil {
 			return nil, nil, err
@@ -178,7 +188,7 @@ func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.St
 		}
 		return st, func() { st.Close(); closeDB() }, nil
 	case "bloom-redis":
-		opt, err := redis.ParseURL(redisURL(f.redisURL))
+		opt, err := redisOptions(redisURL(f.redisURL))
 		if err != nil {
 			return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(redisURL(f.redisURL)), err)
 		}

@@ -55,7 +55,7 @@ type keyStore = dedup.KeyAdmin
 // the one place that knows the backend (Redis today).
 func openInspector(f *keysFlags) (keyStore, func(), error) {
 	u := redisURL(f.redisURL)
-	opt, err := redis.ParseURL(u)
+	opt, err := redisOptions(u)
 	if err != nil {
 		return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(u), err)
 	}

@@ -24,11 +24,12 @@ const (
 )
 
 // amqpURL is the --url flag, else IDEMQ_AMQP_URL, else the loopback default.
+// An amqps:// URL trusts the CA in IDEMQ_AMQP_CA (tls.go).
 func amqpURL(flag string) string {
 	if flag != "" {
-		return flag
+		return withAMQPCA(flag, os.Getenv)
 	}
-	return idemq.URLFromEnv()
+	return withAMQPCA(idemq.URLFromEnv(), os.Getenv)
 }
 
 // redisURL is the --redis-url flag, else IDEMQ_REDIS_URL, else the default.
