@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -31,6 +31,16 @@ cluster-status:
 
 cluster-down: ## stop the cluster's servers (never the shared single ones)
 	@scripts/cluster.sh down
+
+tls: ## RabbitMQ (amqps 5771), Redis (rediss 6471), PostgreSQL (ssl 5471) with TLS and a throwaway CA, data in .data/tls
+	@scripts/tls.sh up
+	@echo 'eval "$$(scripts/tls.sh env)" points idemq at them'
+
+tls-env: ## export lines for the TLS servers: amqps:// and rediss:// URLs, IDEMQ_AMQP_CA, IDEMQ_REDIS_CA, verify-full PostgreSQL URL
+	@scripts/tls.sh env
+
+tls-down: ## stop the TLS servers (never the shared ones)
+	@scripts/tls.sh down
 
 CLUSTER_ENV := eval "$$(scripts/cluster.sh env)"
 cluster-chaos: services cluster ## the bank demo against the cluster: leader kills, a rolling restart, a node outage past the reconnect backoff, a Redis primary failover
