@@ -23,7 +23,9 @@ and is running the message now; deleting the lease would let a concurrent
 duplicate run — and shows its owner and TTL. --force deletes it anyway.
 The check and the delete are one atomic step in the store.
 
-The Redis URL is --redis-url, else IDEMQ_REDIS_URL, else redis://127.0.0.1:6379/0.`
+The Redis URL is --redis-url, else IDEMQ_REDIS_URL, else redis://127.0.0.1:6379/0.
+A rediss:// URL trusts the CA certificate (PEM) in IDEMQ_REDIS_CA (default: the
+system's CAs).`
 
 type keysFlags struct {
 	redisURL       string
