@@ -37,11 +37,12 @@ const unknownAuthority = "x509: certificate signed by unknown authority"
 // TestFaultTLS runs idemq as production does, over TLS everywhere, against
 // private servers scripts/tls.sh starts with a throwaway CA: the consumer
 // and the publisher on amqps://, the dedup guard on rediss://, the inbox and
-// the outbox on PostgreSQL with sslmode=verify-full, the relay command and a
-// keys command with IDEMQ_AMQP_CA / IDEMQ_REDIS_CA. Then every client given
-// the wrong CA is refused with an x509 "unknown authority" error — the
-// library and the CLI alike — and none falls back to plain text (the
-// PostgreSQL server accepts plain text too: a fallback would get in).
+// the outbox on PostgreSQL with sslmode=verify-full, the relay command, a
+// keys command and the gate's Redis store with IDEMQ_AMQP_CA /
+// IDEMQ_REDIS_CA. Then every client given the wrong CA is refused with an
+// x509 "unknown authority" error — the library and the CLI alike — and none
+// falls back to plain text (the PostgreSQL server accepts plain text too: a
+// fallback would get in; RabbitMQ and Redis have no plain-text port).
 func TestFaultTLS(t *testing.T) {
 	srv := testenv.StartTLS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -190,6 +191,15 @@ func TestFaultTLS(t *testing.T) {
 	if err != nil || !strings.Contains(out, "m-1") || strings.Contains(out, "not found") {
 		t.Fatalf("idemq keys get over rediss: %v\n%s", err, out)
 	}
+	// The gate's Redis store (idemq gate --store redis) with IDEMQ_REDIS_CA.
+	gst, closeGate, err := gateStore(ctx, gateFlags{store: "redis", redisURL: rediss, redisKeyPrefix: keyPrefix}, time.Hour)
+	if err != nil || gst == nil {
+		t.Fatalf("gate store over rediss: %v (store %v)", err, gst)
+	}
+	if _, err := gst.Claim(ctx, dedup.Key("idemq", queue, "gate-probe"), "t", time.Minute); err != nil {
+		t.Fatalf("gate store over rediss: claim: %v", err)
+	}
+	closeGate()
 	t.Logf("over TLS in %v: %d applied, relay and `idemq keys get` ok: %s", time.Since(start).Round(time.Millisecond), applied.Load(), strings.TrimSpace(out))
 
 	// The wrong CA, everywhere: refused, with the x509 cause in the error.
@@ -224,6 +234,13 @@ func TestFaultTLS(t *testing.T) {
 		t.Setenv(envRedisCA, wrong)
 		_, err := runCLICtx(ctx, "keys", "get", "m-1", "--group", queue, "--redis-url", rediss, "--redis-key-prefix", keyPrefix)
 		wantRefused(t, "idemq keys get", err)
+		gst, closeGate, err := gateStore(ctx, gateFlags{store: "redis", redisURL: rediss, redisKeyPrefix: keyPrefix}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = gst.Claim(ctx, dedup.Key("idemq", queue, "gate-probe-2"), "t", time.Minute)
+		closeGate()
+		wantRefused(t, "idemq gate's Redis store", err)
 		// No plain-text listener to fall back to.
 		plain := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("localhost:%d", srv.RedisPort), MaxRetries: -1, DialTimeout: 5 * time.Second})
 		defer plain.Close()
