@@ -156,7 +156,7 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 		if attempt > 0 {
 			p.rec.Add(CountPublishRetries, 1)
 			if err := backoff.Sleep(ctx, p.cfg.Retry.Delay(attempt-1)); err != nil {
-				return fmt.Errorf("idemq: publish %q: %w (last error: %v)", msg.ID, err, last)
+				return fmt.Errorf("idemq: publish %q: %w (last error: %w)", msg.ID, err, last)
 			}
 		}
 		pc, err := p.channel(ctx)
