@@ -92,30 +92,25 @@ func (p *gateProc) kill() {
 	_ = p.cmd.Wait()
 }
 
-// outCounter consumes the output queue and counts each message ID.
+// outCounter counts each message ID read from the output queue, in the
+// order of arrival.
 type outCounter struct {
-	mu     sync.Mutex
-	seen   map[string]int
-	copies int
+	mu      sync.Mutex
+	seen    map[string]int
+	copies  int   // lines (deliveries) so far
+	extraAt []int // arrival number of every copy after an ID's first
 }
 
-func countOutput(t *testing.T, queue string) *outCounter {
-	t.Helper()
-	ch := testenv.Channel(t)
-	ds, err := ch.Consume(queue, "", true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
+func newOutCounter() *outCounter { return &outCounter{seen: map[string]int{}} }
+
+func (c *outCounter) add(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.copies++
+	c.seen[id]++
+	if c.seen[id] > 1 {
+		c.extraAt = append(c.extraAt, c.copies)
 	}
-	c := &outCounter{seen: map[string]int{}}
-	go func() {
-		for d := range ds {
-			c.mu.Lock()
-			c.seen[d.MessageId]++
-			c.copies++
-			c.mu.Unlock()
-		}
-	}()
-	return c
 }
 
 func (c *outCounter) unique() int {
@@ -124,15 +119,55 @@ func (c *outCounter) unique() int {
 	return len(c.seen)
 }
 
+func (c *outCounter) arrived() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.copies
+}
+
+// outputReader starts the downstream reader of queue; finish (called once
+// the queue is drained) stops it and returns when every copy it read has
+// been counted.
+type outputReader func(t *testing.T, queue string) (out *outCounter, finish func())
+
+// goReader consumes the output queue with amqp091-go (auto-ack).
+func goReader(t *testing.T, queue string) (*outCounter, func()) {
+	t.Helper()
+	ch := testenv.Channel(t)
+	ds, err := ch.Consume(queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newOutCounter()
+	go func() {
+		for d := range ds {
+			c.add(d.MessageId)
+		}
+	}()
+	return c, func() {}
+}
+
+// chaosResult is what the downstream reader saw in a gateChaos run.
+type chaosResult struct {
+	published, resent int // copies published to the ingress queue, and how many were resends
+	unique            int // message IDs received
+	received          int // copies received
+	twice             int // copies received after an ID's first (received - unique)
+	beforeFault       int // of twice, copies that arrived before the first fault struck
+}
+
 // gateChaos runs two gate processes on one ingress queue while the
 // producer resends 30% of n messages under the same ID, SIGKILLs a random
 // gate (and restarts it) kills times and cuts every gate connection cuts
-// times, at evenly spread points of the progress. It returns the unique
-// IDs forwarded and the IDs forwarded more than once.
-func gateChaos(t *testing.T, n, kills, cuts int) (unique, twice int) {
+// times, at evenly spread points of the progress; read consumes the
+// output queue. It fails if a message is left in the ingress queue or
+// dead-lettered, and returns the counts, among them the duplicates that
+// arrived before the first fault (only a fault, or a lease lost by a gate
+// stalled under load, opens the crash window).
+func gateChaos(t *testing.T, n, kills, cuts int, read outputReader) chaosResult {
 	r := newRig(t)
 	proxy, url := testenv.AMQPProxy(t)
-	out := countOutput(t, r.out)
+	out, finish := read(t, r.out)
 
 	var pubs []amqp.Publishing
 	resent := 0
@@ -149,8 +184,11 @@ func gateChaos(t *testing.T, n, kills, cuts int) (unique, twice int) {
 
 	procs := []*gateProc{startGateProc(t, r, url), startGateProc(t, r, url)}
 	t.Cleanup(func() {
-		for _, p := range procs {
+		for i, p := range procs {
 			p.kill()
+			if t.Failed() {
+				t.Logf("gate %d output:\n%s", i, p.out.String())
+			}
 		}
 	})
 	faults := kills + cuts
@@ -159,12 +197,17 @@ func gateChaos(t *testing.T, n, kills, cuts int) (unique, twice int) {
 		kinds[i] = true
 	}
 	rand.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	firstFault := -1 // copies received when the first fault struck
 	for i, kill := range kinds {
 		at := (i + 1) * n / (faults + 2)
 		at += rand.IntN(n/(faults+2)/2 + 1) // a random point, under load
 		testenv.Eventually(t, 60*time.Second, fmt.Sprintf("%d forwarded before fault %d", at, i+1), func() bool {
 			return out.unique() >= at
 		})
+		if firstFault < 0 {
+			firstFault = out.arrived()
+		}
+		t.Logf("fault %d (kill=%v) at %d unique, %d copies received", i+1, kill, out.unique(), out.arrived())
 		if kill {
 			k := rand.IntN(len(procs))
 			procs[k].kill()
@@ -214,16 +257,31 @@ func gateChaos(t *testing.T, n, kills, cuts int) (unique, twice int) {
 		q, err := ch.QueueDeclarePassive(r.out, true, false, false, false, nil)
 		return err == nil && q.Messages == 0
 	})
+	finish()
 	out.mu.Lock()
 	defer out.mu.Unlock()
+	res := chaosResult{published: len(pubs), resent: resent, unique: len(out.seen), received: out.copies}
 	for _, c := range out.seen {
 		if c > 1 {
-			twice += c - 1
+			res.twice += c - 1
 		}
 	}
-	t.Logf("published %d (%d unique, %d producer resends); %d SIGKILLs, %d connection cuts; forwarded %d unique, lost 0, forwarded again %d (%.2f per fault, %.3f%% of unique)",
-		len(pubs), n, resent, kills, cuts, len(out.seen), twice, float64(twice)/float64(max(kills+cuts, 1)), 100*float64(twice)/float64(n))
-	return len(out.seen), twice
+	for _, at := range out.extraAt {
+		// The output queue is FIFO and has one reader: a copy forwarded
+		// again after a fault arrives after every copy that had arrived
+		// when the fault struck. A duplicate before that is no fault's;
+		// seen once in 13 runs (Lease 2 s, load average 15–18), cause not
+		// yet traced, most likely a lease lost by a gate stalled past
+		// 0.8×Lease (it gives its forward back). Counted and printed,
+		// and within the bound.
+		if firstFault >= 0 && at <= firstFault {
+			res.beforeFault++
+		}
+	}
+	t.Logf("published %d (%d unique, %d producer resends); %d SIGKILLs, %d connection cuts; received %d copies of %d unique IDs, lost %d, received again %d (%.2f per fault, %.3f%% of unique; %d before the first fault)",
+		res.published, n, resent, kills, cuts, res.received, res.unique, n-res.unique, res.twice,
+		float64(res.twice)/float64(max(kills+cuts, 1)), 100*float64(res.twice)/float64(n), res.beforeFault)
+	return res
 }
 
 // Gates killed with SIGKILL at random points under load lose nothing; the
@@ -232,12 +290,12 @@ func gateChaos(t *testing.T, n, kills, cuts int) (unique, twice int) {
 // the killed gate was forwarding (Workers).
 func TestFaultGateKill(t *testing.T) {
 	const n, kills = 6000, 10
-	unique, twice := gateChaos(t, n, kills, 0)
-	if unique != n {
-		t.Fatalf("forwarded %d of %d", unique, n)
+	res := gateChaos(t, n, kills, 0, goReader)
+	if res.unique != n {
+		t.Fatalf("forwarded %d of %d", res.unique, n)
 	}
-	if twice > kills*faultWorkers {
-		t.Fatalf("%d messages forwarded again in %d kills: more than the %d forwards in flight per kill", twice, kills, faultWorkers)
+	if res.twice > kills*faultWorkers {
+		t.Fatalf("%d messages forwarded again in %d kills: more than the %d forwards in flight per kill", res.twice, kills, faultWorkers)
 	}
 }
 
@@ -246,11 +304,11 @@ func TestFaultGateKill(t *testing.T) {
 // connection is published again (the publisher's own ambiguity).
 func TestFaultGateConnectionCuts(t *testing.T) {
 	const n, cuts = 3000, 4
-	unique, twice := gateChaos(t, n, 0, cuts)
-	if unique != n {
-		t.Fatalf("forwarded %d of %d", unique, n)
+	res := gateChaos(t, n, 0, cuts, goReader)
+	if res.unique != n {
+		t.Fatalf("forwarded %d of %d", res.unique, n)
 	}
-	if twice > cuts*2*faultWorkers {
-		t.Fatalf("%d messages forwarded again in %d cuts", twice, cuts)
+	if res.twice > cuts*2*faultWorkers {
+		t.Fatalf("%d messages forwarded again in %d cuts", res.twice, cuts)
 	}
 }

@@ -69,6 +69,8 @@ install_missing() {
 	need mariadbd mariadb-server
 	need mariadb mariadb-client
 	need chromium chromium # the console's browser tests (headless)
+	need node nodejs       # the gate's Node consumer test (gate/testdata/node-consumer; it runs npm ci)
+	need npm npm
 	if ((${#need_pkgs[@]})); then
 		[ "$(id -u)" = 0 ] || die "missing ${need_pkgs[*]}; run as root or install them"
 		log "installing ${need_pkgs[*]} from Debian's packages"
