@@ -470,8 +470,9 @@ func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error)
 	}
 	// In place with its delivery count spent: republished to the work
 	// queue itself, which starts the count again; the next deferrals are
-	// in place (and wait) again. Not through a retry queue: what the
-	// broker dead-letters out of a TTL queue it may drop in a restart.
+	// in place (and wait) again. Not through a retry queue: no wait is
+	// needed, and a classic retry queue (retry_type: classic)
+	// dead-letters at most once, so it could drop it in a restart.
 	q := d.Queue
 	if !rq.InPlace {
 		if len(p.cfg.Delays) == 0 {
