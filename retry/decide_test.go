@@ -156,9 +156,31 @@ func TestDecide(t *testing.T) {
 		{name: "in place without room: republished to the work queue", id: "m", headers: amqp.Table{idemq.HeaderDeliveryCount: int64(5)},
 			err: idemq.RequeueInPlace(2*time.Second, "in-flight", transient), run: 1,
 			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
-		{name: "in place, no delivery limit: always in place", cfg: func(c Config) Config { c.DeliveryLimit = 0; return c }, id: "m",
-			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(500)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
+		// RabbitMQ 4.0+ gives a quorum queue declaring no delivery-limit
+		// one of 20: in-place requeues must not walk into it.
+		{name: "in place, no declared limit: RabbitMQ 4's 20 caps requeues", cfg: func(c Config) Config { c.DeliveryLimit = 0; return c }, id: "m",
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(10)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
+		{name: "in place, no declared limit, count low: in place", cfg: func(c Config) Config { c.DeliveryLimit = 0; return c }, id: "m",
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(9)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
 			want: want{action: idemq.ActionRequeue, outcome: idemq.OutcomeDeferred, delay: time.Second, reason: "in-flight"}},
+		{name: "in place, RequeueLimit from an operator policy", cfg: func(c Config) Config { c.RequeueLimit = 4; return c }, id: "m",
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(2)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
+		// The attempt count is x-idemq-attempt only: RabbitMQ 4.0 no
+		// longer updates x-death on messages republished by clients, and
+		// a producer can forge it.
+		{name: "x-death absent: attempt from x-idemq-attempt", id: "m", headers: trusted(amqp.Table{idemq.HeaderAttempt: int64(2)}), err: transient, run: 3,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeRetried, to: "q.retry.1000", reason: idemq.ReasonHandlerError, attempt: 3}},
+		{name: "x-death count high is ignored", id: "m", headers: trusted(amqp.Table{idemq.HeaderAttempt: int64(1),
+			idemq.HeaderDeath: []any{amqp.Table{"count": int64(50), "reason": "expired", "queue": "q.retry.100"}}}), err: transient, run: 3,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeRetried, to: "q.retry.100", reason: idemq.ReasonHandlerError, attempt: 2}},
+		{name: "x-death count low does not extend attempts", id: "m", headers: trusted(amqp.Table{idemq.HeaderAttempt: int64(3),
+			idemq.HeaderDeath: []any{amqp.Table{"count": int64(1), "reason": "expired", "queue": "q.retry.100"}}}), err: transient, run: 3,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeadLettered, to: "q.dlq", reason: idemq.ReasonMaxAttempts}},
+		{name: "x-death alone (no own header) counts as attempt 1", id: "m", headers: amqp.Table{
+			idemq.HeaderDeath: []any{amqp.Table{"count": int64(7), "reason": "rejected", "queue": "q"}}}, err: transient, run: 3,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeRetried, to: "q.retry.100", reason: idemq.ReasonHandlerError, attempt: 2}},
 		{name: "requeue without an ID waits in place", id: "", err: idemq.Requeue(time.Second, "later", transient), run: 1,
 			want: want{action: idemq.ActionRequeue, outcome: idemq.OutcomeDeferred, delay: time.Second, reason: "later"}},
 		{name: "requeue without delays waits in place", cfg: func(c Config) Config { c.Delays = []time.Duration{}; return c }, id: "m",

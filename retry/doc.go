@@ -86,10 +86,14 @@
 // worker. A requeue counts as a delivery on quorum queues (RabbitMQ 3.x),
 // so an in-place deferral whose x-delivery-count has reached half the
 // DeliveryLimit is republished (confirmed, then acked) to the work queue
-// itself, which starts the count again — not to a retry queue: RabbitMQ
-// dead-letters out of a TTL queue at most once, so a message that expires
-// there while the broker restarts can be dropped (see
-// docs/GUARANTEES.md). That is why in-flight deferrals stay in place.
+// itself, which starts the count again (it needs no wait, and it stays
+// lossless with the at-most-once classic retry queues of retry_type:
+// classic). The limit is [Config.RequeueLimit]: the declared
+// DeliveryLimit, or RabbitMQ 4's default quorum delivery-limit of 20 when
+// none is declared ([BrokerDefaultDeliveryLimit]); see
+// docs/RABBITMQ_VERSIONS.md. Retry queues are quorum queues with
+// at-least-once dead-lettering by default (topology), so a delivery
+// waiting in one survives a broker restart.
 //
 // # Headers
 //

@@ -40,6 +40,16 @@ type Config struct {
 	// x-delivery-limit, so the policy acts one delivery before the broker
 	// would drop the message without idemq's headers.
 	DeliveryLimit int
+	// RequeueLimit is the broker delivery limit in-place requeues must
+	// never walk a delivery into: once x-delivery-count reaches half of
+	// it, a deferral is republished (confirmed, then acked) to the work
+	// queue instead of nacked with requeue, which starts the count again.
+	// Default DeliveryLimit, or [BrokerDefaultDeliveryLimit] when that is
+	// 0: RabbitMQ 4.0+ gives every quorum queue a delivery-limit of 20
+	// unless one is declared, and a limit set by an operator policy
+	// cannot be read over AMQP (a passive declare returns no arguments),
+	// so set it when a policy sets a lower one.
+	RequeueLimit int
 	// DeadLetterQueue names the dead-letter queue of a work queue.
 	// Default [topology.DLQName] ("<queue>.dlq"). An empty name means no
 	// dead-letter queue (topology dlq: "-"): a delivery that fails for
@@ -70,6 +80,10 @@ type Config struct {
 // policy writes is capped at [maxHeaderText] bytes, so what it adds to a
 // message stays within a few KiB whatever the handler's error says.
 const MaxErrorTextLimit = 4096
+
+// BrokerDefaultDeliveryLimit is the delivery-limit RabbitMQ 4.0 and later
+// give a quorum queue that declares none (3.x: unlimited).
+const BrokerDefaultDeliveryLimit = 20
 
 // maxHeaderText bounds each string header the policy writes besides the
 // error text (names, routing keys, times).
@@ -123,6 +137,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DeadLetterQueue == nil {
 		c.DeadLetterQueue = topology.DLQName
+	}
+	if c.RequeueLimit <= 0 {
+		c.RequeueLimit = c.DeliveryLimit
+	}
+	if c.RequeueLimit <= 0 {
+		c.RequeueLimit = BrokerDefaultDeliveryLimit
 	}
 	if c.RetryQueue == nil {
 		c.RetryQueue = topology.RetryQueueName
@@ -418,14 +438,16 @@ func (p *Policy) retry(d *idemq.Delivery, cause error, attempt int) idemq.Decisi
 }
 
 // roomToRequeue says whether an in-place requeue of d leaves its quorum
-// delivery count well below DeliveryLimit. On RabbitMQ 3.x every requeue
-// counts as a delivery, so a delivery deferred in place again and again
-// would reach the limit and be dead-lettered without ever running; past
-// half the limit it is republished to its work queue instead, which starts
-// the count again.
+// delivery count well below RequeueLimit. Every requeue (a nack with
+// requeue) counts as a delivery on RabbitMQ 3.x and 4.x quorum queues, so
+// a delivery deferred in place again and again would reach the broker's
+// limit and be dropped or dead-lettered without ever running; from half
+// the limit on it is republished to its work queue instead, which starts
+// the count again. The limit is DeliveryLimit, or RabbitMQ 4's default of
+// 20 when the queue declares none: never surprised by 20.
 func (p *Policy) roomToRequeue(d *idemq.Delivery) bool {
 	n, ok := DeliveryCount(d.Headers)
-	return !ok || p.cfg.DeliveryLimit <= 0 || n < int64(p.cfg.DeliveryLimit/2)
+	return !ok || n < int64(p.cfg.RequeueLimit/2)
 }
 
 // requeue decides for a deferral (not an attempt): in place, or through a
@@ -448,8 +470,9 @@ func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error)
 	}
 	// In place with its delivery count spent: republished to the work
 	// queue itself, which starts the count again; the next deferrals are
-	// in place (and wait) again. Not through a retry queue: what the
-	// broker dead-letters out of a TTL queue it may drop in a restart.
+	// in place (and wait) again. Not through a retry queue: no wait is
+	// needed, and a classic retry queue (retry_type: classic)
+	// dead-letters at most once, so it could drop it in a restart.
 	q := d.Queue
 	if !rq.InPlace {
 		if len(p.cfg.Delays) == 0 {

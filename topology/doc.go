@@ -16,14 +16,30 @@
 //	orders.dlq             the dead-letter queue: a durable classic queue (so
 //	                       reading it non-destructively never bumps a
 //	                       delivery count).
-//	orders.retry.<ms>      one durable classic delay queue per retry delay:
+//	orders.retry.<ms>      one durable delay queue per retry delay:
 //	                       x-message-ttl <ms>, x-dead-letter-exchange "" and
 //	                       x-dead-letter-routing-key "orders". A message
 //	                       published there sits for <ms> and is then
 //	                       dead-lettered by the broker back to the work queue
 //	                       — delayed retries without any plugin. Every
 //	                       message in one delay queue has the same TTL, so
-//	                       expiry at the head of the queue is exact.
+//	                       expiry at the head of the queue is exact. By
+//	                       default a quorum queue with
+//	                       x-dead-letter-strategy at-least-once and
+//	                       x-overflow reject-publish: the broker keeps an
+//	                       expired message until the work queue confirmed
+//	                       it, so it survives a restart (RabbitMQ 3.10+;
+//	                       TestFaultRetryQueuesSurviveBrokerRestarts).
+//	                       retry_type: classic declares the former classic
+//	                       delay queues, whose dead-lettering is at most
+//	                       once: a message expiring while the broker
+//	                       restarts can be dropped.
+//
+// Switching an existing deployment from classic to quorum retry queues:
+// the broker refuses to redeclare a queue with another type (a
+// [*MismatchError] on x-queue-type). Either set retry_type: classic, or
+// stop the consumers, wait for the retry queues to drain into the work
+// queue, delete them and declare again.
 //
 // [Topology.Validate] (run by [Load] and [Declare]) refuses what would
 // declare something other than what the plan says: x-queue-type in args

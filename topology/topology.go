@@ -68,6 +68,15 @@ type Queue struct {
 	RetryDelays []time.Duration `yaml:"retry_delays" json:"retry_delays,omitempty"`
 	// NoRetry declares no retry queues.
 	NoRetry bool `yaml:"no_retry" json:"no_retry,omitempty"`
+	// RetryType is the type of the retry queues. Default [Quorum]: quorum
+	// retry queues dead-letter back to the work queue at least once
+	// (x-dead-letter-strategy at-least-once, x-overflow reject-publish),
+	// so a delivery waiting in one survives a broker restart. [Classic]
+	// keeps the retry queues of idemq before v0.x (an existing classic
+	// retry queue cannot be redeclared as quorum: delete it when empty,
+	// or keep classic) and is at most once: RabbitMQ can drop what expires
+	// while the broker restarts (see docs/GUARANTEES.md).
+	RetryType QueueType `yaml:"retry_type" json:"retry_type,omitempty"`
 	// Args are extra work-queue arguments (they must not contradict the
 	// ones computed here).
 	Args map[string]any `yaml:"args" json:"args,omitempty"`
@@ -88,7 +97,39 @@ const (
 	ArgDLRoutingKey  = "x-dead-letter-routing-key"
 	ArgMessageTTL    = "x-message-ttl"
 	ArgDeliveryLimit = "x-delivery-limit"
+	ArgDLStrategy    = "x-dead-letter-strategy"
+	ArgOverflow      = "x-overflow"
 )
+
+// Values of the quorum retry queues' arguments.
+const (
+	// DLStrategyAtLeastOnce makes a quorum queue keep a dead-lettered
+	// message until the target queue confirmed it (RabbitMQ 3.10+).
+	DLStrategyAtLeastOnce = "at-least-once"
+	// OverflowRejectPublish is required by at-least-once dead-lettering
+	// (with drop-head the broker silently falls back to at most once).
+	OverflowRejectPublish = "reject-publish"
+)
+
+// RetryArgs returns the arguments of a retry queue of type typ ("" is
+// [Quorum]) holding messages for delay and dead-lettering them back to
+// queue through the default exchange.
+func RetryArgs(typ QueueType, queue string, delay time.Duration) amqp.Table {
+	if typ == "" {
+		typ = Quorum
+	}
+	args := amqp.Table{
+		ArgQueueType:    string(typ),
+		ArgMessageTTL:   roundMS(delay),
+		ArgDLX:          "",
+		ArgDLRoutingKey: queue,
+	}
+	if typ == Quorum {
+		args[ArgDLStrategy] = DLStrategyAtLeastOnce
+		args[ArgOverflow] = OverflowRejectPublish
+	}
+	return args
+}
 
 // DLQName is the default dead-letter queue of a work queue: "<queue>.dlq".
 func DLQName(queue string) string { return queue + ".dlq" }
@@ -201,12 +242,7 @@ func ForQueue(q Queue) Plan {
 		p.Retries = append(p.Retries, RetryQueue{
 			Name:  RetryQueueName(q.Name, d),
 			Delay: d,
-			Args: amqp.Table{
-				ArgQueueType:    string(Classic),
-				ArgMessageTTL:   roundMS(d),
-				ArgDLX:          "",
-				ArgDLRoutingKey: q.Name,
-			},
+			Args:  RetryArgs(q.RetryType, q.Name, d),
 		})
 	}
 	sort.Slice(p.Retries, func(i, j int) bool { return p.Retries[i].Delay < p.Retries[j].Delay })
@@ -401,6 +437,11 @@ func (t Topology) Validate() error {
 			if d <= 0 {
 				errs = append(errs, fmt.Errorf("%s: retry delay %v must be positive", where, d))
 			}
+		}
+		switch q.RetryType {
+		case "", Classic, Quorum:
+		default:
+			errs = append(errs, fmt.Errorf("%s: unknown retry_type %q (quorum or classic)", where, q.RetryType))
 		}
 		if q.NoRetry && len(q.RetryDelays) > 0 {
 			errs = append(errs, fmt.Errorf("%s: no_retry and retry_delays are both set; keep one", where))

@@ -41,6 +41,51 @@ type RabbitNodeConfig struct {
 // fails the test in CI and skips it elsewhere.
 func PrivateRabbit(t testing.TB, cfg RabbitNodeConfig) string {
 	t.Helper()
+	return StartPrivateRabbit(t, cfg).URL
+}
+
+// PrivateNode is a private RabbitMQ node started by [StartPrivateRabbit].
+type PrivateNode struct {
+	URL    string // AMQP URL
+	Name   string // Erlang node name, for rabbitmqctl -n
+	LogDir string // the node's log folder (removed at cleanup)
+}
+
+// Ctl runs rabbitmqctl against this node only.
+func (n *PrivateNode) Ctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-n", n.Name}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// Restart stops and starts the RabbitMQ application of this private node
+// (never the shared one): every connection drops, durable queues and
+// persistent messages survive. It returns once the node accepts AMQP
+// connections again.
+func (n *PrivateNode) Restart(t testing.TB) {
+	t.Helper()
+	if out, err := n.Ctl("stop_app"); err != nil {
+		t.Fatalf("rabbitmqctl -n %s stop_app: %v\n%s", n.Name, err, out)
+	}
+	if out, err := n.Ctl("start_app"); err != nil {
+		t.Fatalf("rabbitmqctl -n %s start_app: %v\n%s", n.Name, err, out)
+	}
+	Eventually(t, 2*time.Minute, "private node back", func() bool {
+		conn, err := amqp.DialConfig(n.URL, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
+		if err != nil {
+			return false
+		}
+		conn.Close()
+		return true
+	})
+}
+
+// StartPrivateRabbit is [PrivateRabbit] returning the node, so a fault
+// test can restart it ([PrivateNode.Restart]) or query it.
+func StartPrivateRabbit(t testing.TB, cfg RabbitNodeConfig) *PrivateNode {
+	t.Helper()
 	server, err := exec.LookPath("rabbitmq-server")
 	if err != nil {
 		Unavailable(t, "rabbitmq-server (for a private node)", "", err)
@@ -126,7 +171,7 @@ func PrivateRabbit(t testing.TB, cfg RabbitNodeConfig) string {
 		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(time.Second)})
 		if err == nil {
 			conn.Close()
-			t.Logf("private RabbitMQ node %s up on %s after %v", node, url, time.Since(started).Round(time.Millisecond))
+			t.Logf("private RabbitMQ node %s up on %s after %v (log %s)", node, url, time.Since(started).Round(time.Millisecond), filepath.Join(dir, "log"))
 			break
 		}
 		select {
@@ -141,7 +186,7 @@ func PrivateRabbit(t testing.TB, cfg RabbitNodeConfig) string {
 			t.Fatalf("private RabbitMQ node %s not up within %v: %v\n%s", node, cfg.StartTimeout, err, tail(string(out), 40))
 		}
 	}
-	return url
+	return &PrivateNode{URL: url, Name: node, LogDir: filepath.Join(dir, "log")}
 }
 
 // stopNode stops the node gracefully, then kills its process group if it
