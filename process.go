@@ -16,6 +16,7 @@ import (
 // of the chain as it wants), the executor carries the decision out.
 func (c *Consumer) process(ctx context.Context, x *executor, j job) {
 	if c.expired(ctx, x, j) {
+		x.observe(j.del, Decision{Action: ActionRequeue, Outcome: OutcomeDeferred, Reason: "expired"}, 0)
 		return
 	}
 	defer c.watch.track(j.del)()
@@ -109,6 +110,11 @@ func (x *executor) carry(ctx context.Context, d *Delivery, tag uint64, dec Decis
 		dec.Delay = 0 // shutting down or the channel is gone: give it back at once
 	}
 	x.settle(ctx, d, tag, dec)
+	x.observe(d, dec, handler)
+}
+
+// observe tells the Observer, if any, that d was settled as dec says.
+func (x *executor) observe(d *Delivery, dec Decision, handler time.Duration) {
 	if x.obs != nil {
 		x.obs.Settled(d, Settlement{Decision: dec, Handler: handler, Total: time.Since(d.ReceivedAt)})
 	}
