@@ -69,6 +69,8 @@ install_missing() {
 	need mariadbd mariadb-server
 	need mariadb mariadb-client
 	need chromium chromium # the console's browser tests (headless)
+	need prometheus prometheus # metrics/ scrape test (a private server per test)
+	need promtool prometheus # alert rules check
 	if ((${#need_pkgs[@]})); then
 		[ "$(id -u)" = 0 ] || die "missing ${need_pkgs[*]}; run as root or install them"
 		log "installing ${need_pkgs[*]} from Debian's packages"
