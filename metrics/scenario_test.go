@@ -27,7 +27,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // messages processed once, resends of them stopped by the guard, bad
 // ones dead-lettered after one attempt.
 type scenario struct {
-	queue, dlq, group string
+	queue, dlq, group  string
 	good, resends, bad int
 	m                  *metrics.Metrics
 	consumer           *idemq.Consumer
@@ -91,7 +91,9 @@ func runScenario(t *testing.T, m *metrics.Metrics, good, resends, bad int) *scen
 	testenv.Publish(t, "", s.queue, msgs("bad", bad)...)
 	// Resends only once the originals are done, so each is a duplicate
 	// the guard's store remembers.
-	counters := func(name string) float64 { return value(t, m.Gatherer(), "idemq_deliveries_total", map[string]string{"queue": s.queue, "outcome": name}) }
+	counters := func(name string) float64 {
+		return value(t, m.Gatherer(), "idemq_deliveries_total", map[string]string{"queue": s.queue, "outcome": name})
+	}
 	testenv.Eventually(t, 2*time.Minute, "originals settled", func() bool {
 		return counters("processed") == float64(good) && counters("dead_lettered") == float64(bad)
 	})
