@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -126,5 +127,63 @@ func TestNoopWithoutProvider(t *testing.T) {
 	m := tracing.OutboxMessage(context.Background(), outbox.Message{ID: "x"})
 	if m.Headers != nil {
 		t.Fatalf("headers %v, want none", m.Headers)
+	}
+}
+
+// A delivery given back and run again stays in its trace: both consumer
+// spans are children of the one publish span.
+func TestRetriedDeliverySharesTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	url := testenv.RequireAMQP(t)
+	q := testenv.Queue(t, nil)
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	t.Cleanup(func() { _ = pub.Close() })
+	pctx, root := tp.Tracer("test").Start(context.Background(), "request")
+	if err := tracing.Sender(pub, tp).Publish(pctx, idemq.Message{ID: "retry-1", RoutingKey: q, Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+
+	runs := make(chan struct{}, 4)
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: url, Queue: q, Logger: quiet(), Workers: 1,
+		Pipeline: idemq.Pipeline{Middleware: []idemq.Middleware{tracing.Middleware(tp)},
+			Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+				runs <- struct{}{}
+				if !d.Redelivered {
+					return idemq.Requeue(0, "test", errors.New("first run fails"))
+				}
+				return nil
+			})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.Eventually(t, time.Minute, "two consumer spans ended", func() bool {
+		n := 0
+		for _, s := range rec.Ended() {
+			if s.SpanKind() == trace.SpanKindConsumer {
+				n++
+			}
+		}
+		return n == 2
+	})
+	var publish trace.SpanContext
+	for _, s := range rec.Ended() {
+		if s.SpanKind() == trace.SpanKindProducer {
+			publish = s.SpanContext()
+		}
+	}
+	for _, s := range rec.Ended() {
+		if s.SpanContext().TraceID() != root.SpanContext().TraceID() {
+			t.Errorf("span %q in trace %s, want %s", s.Name(), s.SpanContext().TraceID(), root.SpanContext().TraceID())
+		}
+		if s.SpanKind() == trace.SpanKindConsumer && s.Parent().SpanID() != publish.SpanID() {
+			t.Errorf("consumer span's parent %s, want the publish span %s", s.Parent().SpanID(), publish.SpanID())
+		}
 	}
 }
