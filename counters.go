@@ -29,10 +29,15 @@ const (
 	CountReconnects     = "reconnects"        // connection or channel re-established
 	CountPublished      = "published"         // publisher: confirmed publishes
 	CountPublishRetries = "publish_retries"   // publisher: attempts resent
-	CountDeadLettered   = "dead_lettered"     // sent to the dead-letter queue
-	CountRetried        = "retried"           // sent to a delay queue for a later attempt
-	CountFailOpen       = "fail_open"         // processed without the dedup store (fail-open)
-	CountUncertain      = "dedup_uncertain"   // the store could not tell done from new (dedup.ErrUncertain)
+	// CountPublishReturned: publisher: publishes returned unroutable.
+	CountPublishReturned = "publish_returned"
+	// GaugePublishInFlight: publisher: publishes waiting for their
+	// confirm, recorded as deltas (+1, -1).
+	GaugePublishInFlight = "publish_inflight"
+	CountDeadLettered    = "dead_lettered"   // sent to the dead-letter queue
+	CountRetried         = "retried"         // sent to a delay queue for a later attempt
+	CountFailOpen        = "fail_open"       // processed without the dedup store (fail-open)
+	CountUncertain       = "dedup_uncertain" // the store could not tell done from new (dedup.ErrUncertain)
 
 	// Dependency outages (see BreakerConfig).
 	CountUnavailable       = "dependency_unavailable" // deliveries given back: a dependency was unavailable (not an attempt)

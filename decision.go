@@ -129,10 +129,11 @@ func (d Decision) String() string {
 }
 
 // Ack returns the decision to ack a delivery whose chain returned err:
-// processed when err is nil, a duplicate when it is [ErrDuplicate].
+// processed when err is nil, a duplicate when it is [ErrDuplicate] (its
+// Reason is the layer that recognised it, [DuplicateLayer]).
 func Ack(err error) Decision {
 	if IsDuplicate(err) {
-		return Decision{Action: ActionAck, Outcome: OutcomeDuplicate}
+		return Decision{Action: ActionAck, Outcome: OutcomeDuplicate, Reason: DuplicateLayer(err)}
 	}
 	return Decision{Action: ActionAck, Outcome: OutcomeProcessed, Err: err}
 }

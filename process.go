@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/acker"
@@ -15,11 +16,13 @@ import (
 // of the chain as it wants), the executor carries the decision out.
 func (c *Consumer) process(ctx context.Context, x *executor, j job) {
 	if c.expired(ctx, x, j) {
+		x.observe(j.del, Decision{Action: ActionRequeue, Outcome: OutcomeDeferred, Reason: "expired"}, 0)
 		return
 	}
 	defer c.watch.track(j.del)()
+	start := time.Now()
 	dec := c.decide(ctx, j.del)
-	x.carry(ctx, j.del, j.d.DeliveryTag, dec)
+	x.carry(ctx, j.del, j.d.DeliveryTag, dec, time.Since(start))
 }
 
 // decide asks the policy to admit d, runs the chain, and asks the policy
@@ -70,6 +73,7 @@ type executor struct {
 	rq     *acker.Requeuer
 	policy FailurePolicy
 	rec    Recorder
+	obs    Observer // rec, when it is one
 	log    *slog.Logger
 }
 
@@ -81,7 +85,7 @@ const maxPublishFallbacks = 4
 // errNoSender is the publish error of a decision without a Sender.
 var errNoSender = errors.New("idemq: decision to publish without a message or a sender")
 
-func (x *executor) carry(ctx context.Context, d *Delivery, tag uint64, dec Decision) {
+func (x *executor) carry(ctx context.Context, d *Delivery, tag uint64, dec Decision, handler time.Duration) {
 	for tries := 0; dec.Action == ActionPublish; tries++ {
 		err := errNoSender
 		if dec.Sender != nil && dec.Message != nil {
@@ -106,6 +110,14 @@ func (x *executor) carry(ctx context.Context, d *Delivery, tag uint64, dec Decis
 		dec.Delay = 0 // shutting down or the channel is gone: give it back at once
 	}
 	x.settle(ctx, d, tag, dec)
+	x.observe(d, dec, handler)
+}
+
+// observe tells the Observer, if any, that d was settled as dec says.
+func (x *executor) observe(d *Delivery, dec Decision, handler time.Duration) {
+	if x.obs != nil {
+		x.obs.Settled(d, Settlement{Decision: dec, Handler: handler, Total: time.Since(d.ReceivedAt)})
+	}
 }
 
 // settle acks or nacks the delivery as dec says and counts its outcome.

@@ -146,7 +146,8 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	case <-ctx.Done():
 		return fmt.Errorf("idemq: publish %q: %w", msg.ID, ctx.Err())
 	}
-	defer func() { <-p.sem }()
+	p.rec.Add(GaugePublishInFlight, 1)
+	defer func() { <-p.sem; p.rec.Add(GaugePublishInFlight, -1) }()
 
 	var last error
 	for attempt := 0; ; attempt++ {
@@ -179,6 +180,7 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 			p.rec.Add(CountPublished, 1)
 			return nil
 		case errors.Is(err, ErrUnroutable):
+			p.rec.Add(CountPublishReturned, 1)
 			return err
 		case ctx.Err() != nil:
 			return fmt.Errorf("idemq: publish %q: confirm not received: %w", msg.ID, ctx.Err())

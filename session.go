@@ -153,6 +153,7 @@ func (c *Consumer) startWorkers(hctx context.Context, ch *amqp.Channel) *workers
 		// was free: the ConsumerTimeout bound counts from there.
 		work: make(chan job, c.cfg.Prefetch),
 	}
+	w.x.obs, _ = c.rec.(Observer)
 	for i := 0; i < c.cfg.Workers; i++ {
 		w.wg.Add(1)
 		go func() {

@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/metrics"
+	"github.com/idemq/idemq/tracing"
 )
 
 // DupEvery makes every fifth message of the duplicates variant repeat an
@@ -57,6 +61,31 @@ func BenchmarkConsume(b *testing.B) {
 	})
 }
 
+// BenchmarkConsumeObserved is the idemq-noop case with the metrics
+// package, then metrics and tracing (an SDK provider sampling every span,
+// exporting none), on: their overhead per delivery.
+func BenchmarkConsumeObserved(b *testing.B) {
+	consumeCase(b, "idemq-noop-plain", 0, func(b *testing.B, r *run) {
+		idemqConsume(b, r, consumerOpts{}, noop())
+	})
+	consumeCase(b, "idemq-noop-metrics", 0, func(b *testing.B, r *run) {
+		m, err := metrics.New(metrics.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		idemqConsume(b, r, consumerOpts{Metrics: m}, noop())
+	})
+	consumeCase(b, "idemq-noop-metrics-tracing", 0, func(b *testing.B, r *run) {
+		m, err := metrics.New(metrics.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+		defer func() { _ = tp.Shutdown(context.Background()) }()
+		idemqConsume(b, r, consumerOpts{Metrics: m}, noop(), tracing.Middleware(tp))
+	})
+}
+
 // rawConsume is a plain amqp091-go consumer: ack each (every=1) or ack
 // multiple every `every` deliveries.
 func rawConsume(b *testing.B, queue string, n, every int) {
@@ -92,6 +121,9 @@ func rawConsume(b *testing.B, queue string, n, every int) {
 type consumerOpts struct {
 	Workers  int
 	Prefetch int
+	// Metrics, when set, gets the consumer's outcomes and durations
+	// (metrics.Consumer, teed with the in-memory counters).
+	Metrics *metrics.Metrics
 }
 
 // idemqConsume runs an idemq consumer until r.N deliveries reached a final
@@ -126,8 +158,12 @@ func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...
 			return err
 		})
 	})
+	var recorder idemq.Recorder = &rec
+	if o.Metrics != nil {
+		recorder = metrics.Tee(&rec, o.Metrics.Consumer(r.Queue, ""))
+	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		Queue: r.Queue, Prefetch: o.Prefetch, Workers: o.Workers, Recorder: &rec,
+		Queue: r.Queue, Prefetch: o.Prefetch, Workers: o.Workers, Recorder: recorder,
 		Pipeline: idemq.Pipeline{Middleware: append([]idemq.Middleware{outer}, mws...), Handler: timed(h)},
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

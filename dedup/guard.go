@@ -191,6 +191,10 @@ type Guard struct {
 	// BatchStore; nil otherwise.
 	claims    *coalesce.Batcher[ClaimRequest, ClaimReply]
 	completes *coalesce.Batcher[CompleteRequest, error]
+	// dup is what a duplicate returns: idemq.Duplicate of the store's
+	// layer (a store with a DuplicateLayer() string method names its own,
+	// the Bloom tier does), else idemq.LayerGuard.
+	dup error
 }
 
 var _ idemq.Layer = (*Guard)(nil)
@@ -202,7 +206,10 @@ func NewGuard(cfg Config) (*Guard, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	g := &Guard{store: cfg.Store, cfg: cfg}
+	g := &Guard{store: cfg.Store, cfg: cfg, dup: idemq.Duplicate(idemq.LayerGuard)}
+	if l, ok := cfg.Store.(interface{ DuplicateLayer() string }); ok {
+		g.dup = idemq.Duplicate(l.DuplicateLayer())
+	}
 	if bs, ok := cfg.Store.(BatchStore); ok && cfg.MaxBatch > 1 {
 		bc := coalesce.Config{MaxBatch: cfg.MaxBatch, Timeout: cfg.StoreTimeout}
 		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
@@ -299,7 +306,7 @@ func (g *Guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 	switch claim.Result {
 	case Done:
 		log.Debug("idemq: duplicate suppressed")
-		return idemq.ErrDuplicate
+		return g.dup
 	case InFlight:
 		rec.Add(idemq.CountInFlight, 1)
 		after := g.cfg.InFlightRetryAfter

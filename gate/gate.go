@@ -96,6 +96,9 @@ func New(cfg Config) (*Gate, error) {
 	rec := idemq.Recorder(g.counters)
 	if cfg.Recorder != nil {
 		rec = tee{g.counters, cfg.Recorder}
+		if obs, ok := cfg.Recorder.(idemq.Observer); ok {
+			rec = observingTee{tee{g.counters, cfg.Recorder}, obs}
+		}
 	}
 	guard, err := dedup.NewGuard(dedup.Config{
 		Store: g.store, Prefix: cfg.Prefix, Lease: cfg.Lease, Window: cfg.Window, Logger: cfg.Logger,
@@ -363,6 +366,15 @@ func (g *Gate) publish(ctx, hctx context.Context, rec idemq.Recorder, exchange, 
 type tee struct{ a, b idemq.Recorder }
 
 func (t tee) Add(name string, delta int64) { t.a.Add(name, delta); t.b.Add(name, delta) }
+
+// observingTee is a tee whose second recorder is an idemq.Observer (the
+// metrics package's): the consumer tells it every settled delivery.
+type observingTee struct {
+	tee
+	obs idemq.Observer
+}
+
+func (t observingTee) Settled(d *idemq.Delivery, s idemq.Settlement) { t.obs.Settled(d, s) }
 
 func deadline(ctx context.Context) time.Time {
 	d, ok := ctx.Deadline()

@@ -194,7 +194,7 @@ func (b *Batcher[T]) run(bt *batch[T]) {
 	for _, it := range items {
 		if it.err == nil && it.dup {
 			// The consumer acks it and counts a duplicate.
-			it.err = idemq.ErrDuplicate
+			it.err = idemq.Duplicate(idemq.LayerInbox)
 		}
 	}
 }

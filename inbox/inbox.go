@@ -231,7 +231,7 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 		done = true
 		_ = tx.Rollback(ctx)
 		ib.log.Debug("inbox: duplicate acked", "group", group, "message_id", id)
-		return idemq.ErrDuplicate
+		return idemq.Duplicate(idemq.LayerInbox)
 	}
 	if err := h(ctx, native, d); err != nil {
 		done = true

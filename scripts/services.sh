@@ -71,6 +71,8 @@ install_missing() {
 	need chromium chromium # the console's browser tests (headless)
 	need node nodejs       # the gate's Node consumer test (gate/testdata/node-consumer; it runs npm ci)
 	need npm npm
+	need prometheus prometheus # metrics/ scrape test (a private server per test)
+	need promtool prometheus # alert rules check
 	if ((${#need_pkgs[@]})); then
 		[ "$(id -u)" = 0 ] || die "missing ${need_pkgs[*]}; run as root or install them"
 		log "installing ${need_pkgs[*]} from Debian's packages"

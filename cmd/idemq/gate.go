@@ -19,10 +19,12 @@ import (
 	"github.com/idemq/idemq/dedup/sqlstore"
 	"github.com/idemq/idemq/gate"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/metrics"
 )
 
 type gateFlags struct {
 	from, to, routingKey, routes   string
+	metricsListen                  string
 	amqp, redisURL, redisKeyPrefix string
 	store, db, table               string
 	bloomIDs                       uint64
@@ -108,6 +110,7 @@ func newGateCmd() *cobra.Command {
 	fl.DurationVar(&f.logInterval, "log-interval", time.Minute, "interval between counter log lines (0: only at exit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "json", "json or text")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz and /readyz on this address (host:port; empty: off)")
 	return cmd
 }
 
@@ -230,9 +233,28 @@ func runGate(cmd *cobra.Command, f gateFlags) (err error) {
 	}
 	defer closeStore()
 	cfg.Store, cfg.Logger = store, log
+	var m *metrics.Metrics
+	if f.metricsListen != "" {
+		if m, err = metrics.New(metrics.Config{}); err != nil {
+			return err
+		}
+		cfg.Store = m.Store(f.store, cfg.Store)
+		group := cfg.Group
+		if group == "" {
+			group = gate.GroupPrefix + cfg.Ingress
+		}
+		cfg.Recorder = m.Consumer(cfg.Ingress, group)
+	}
 	g, err := gate.New(cfg)
 	if err != nil {
 		return err
+	}
+	if m != nil {
+		stop, err := serveMetrics(ctx, f.metricsListen, log, metrics.HealthConfig{Gatherer: m.Gatherer()})
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	if !f.noCheck {
 		if err := g.Check(ctx); err != nil {

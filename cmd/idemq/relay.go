@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/metrics"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -27,6 +28,7 @@ const (
 
 type relayFlags struct {
 	db, dialect, amqp, table   string
+	metricsListen              string
 	batch, maxAttempts         int
 	concurrency                int
 	lease, publishTimeout      time.Duration
@@ -85,6 +87,7 @@ secret parameters never reach the logs or errors.`,
 	fl.DurationVar(&f.logInterval, "log-interval", time.Minute, "interval between counter log lines (0: only at exit)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "json", "json or text")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz and /readyz on this address (host:port; empty: off)")
 	cmd.AddCommand(newRelayFailedCmds()...)
 	return cmd
 }
@@ -291,13 +294,28 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 		return err
 	}
 	var counters idemq.Counters
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log})
+	var rec idemq.Recorder = &counters
+	var pubRec idemq.Recorder
+	if f.metricsListen != "" {
+		m, err := metrics.New(metrics.Config{})
+		if err != nil {
+			return err
+		}
+		rec = metrics.Tee(&counters, m.Relay(f.table))
+		pubRec = m.Publisher("relay")
+		stop, err := serveMetrics(ctx, f.metricsListen, log, metrics.HealthConfig{Gatherer: m.Gatherer()})
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log, Recorder: pubRec})
 	defer pub.Close()
 	relay := outbox.NewRelay(outbox.RelayConfig{
 		Store: store, Publisher: pub, BatchSize: f.batch, Concurrency: f.concurrency, Lease: f.lease, PublishTimeout: f.publishTimeout,
 		PollInterval: f.poll, MaxPollInterval: f.maxPoll, DisableNotify: f.noNotify, Ordered: f.ordered,
 		MaxAttempts: f.maxAttempts, Retention: f.retention, PurgeInterval: f.purgeInterval,
-		StatsInterval: f.statsInterval, Recorder: &counters, Logger: log,
+		StatsInterval: f.statsInterval, Recorder: rec, Logger: log,
 	})
 	log.Info("idemq relay starting", "dialect", d.dialect, "db", d.redacted(), "amqp", redactURL(amqpU),
 		"table", f.table, "owner", relay.Owner())

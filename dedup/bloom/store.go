@@ -167,6 +167,10 @@ type Store struct {
 	lastPrune time.Time
 }
 
+// DuplicateLayer names the Bloom tier as the layer of the duplicates the
+// dedup guard recognises through it (idemq.DuplicateLayer).
+func (s *Store) DuplicateLayer() string { return idemq.LayerBloom }
+
 type pendingDone struct {
 	key   string
 	until time.Time

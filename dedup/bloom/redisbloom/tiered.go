@@ -420,3 +420,7 @@ func (s *Store) Extend(ctx context.Context, key, token string, lease time.Durati
 
 // Stats returns the filter's stats.
 func (s *Store) Stats(ctx context.Context) (bloom.Stats, error) { return s.f.Stats(ctx) }
+
+// DuplicateLayer names the Bloom tier as the layer of the duplicates the
+// dedup guard recognises through it (idemq.DuplicateLayer).
+func (s *Store) DuplicateLayer() string { return idemq.LayerBloom }

@@ -1,0 +1,20 @@
+// Package tracing carries OpenTelemetry traces across idemq: publish →
+// outbox → relay → broker → consume, with W3C trace context (traceparent,
+// tracestate) in the AMQP headers.
+//
+//   - [Sender] wraps a publisher (an *idemq.Publisher, the relay's, the
+//     retry policy's): a producer span per publish, its context injected
+//     into the message's headers. Its parent is the caller's span, else the
+//     context already in the headers — so a relay publishing an outbox row
+//     continues the trace of the transaction that wrote it.
+//   - [OutboxMessage] stores the caller's trace context in an outbox row's
+//     headers at insert time.
+//   - [Middleware] (Pipeline.Middleware) starts a consumer span per
+//     delivery, child of the context in its headers, with messaging
+//     attributes and the outcome (processed, duplicate and its layer, the
+//     error). Handlers start their own spans from their context.
+//
+// Everything takes a trace.TracerProvider; nil means
+// otel.GetTracerProvider(), a no-op unless the application installed an
+// SDK. The SDK is used only by tests and examples.
+package tracing
