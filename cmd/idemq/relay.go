@@ -290,6 +290,9 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := checkBroker(ctx, log, amqpU, 10*time.Second); err != nil {
+		return err
+	}
 	var counters idemq.Counters
 	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log})
 	defer pub.Close()
