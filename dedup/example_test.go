@@ -42,7 +42,7 @@ func ExampleGuard() {
 	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
 	defer pub.Close()
 
-	store := redisstore.New(rdb, redisstore.Config{}) // or dedup.NewMemory, or a SQL store
+	store := redisstore.New(rdb, redisstore.Config{})                         // or dedup.NewMemory, or a SQL store
 	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub})) // delays, then the DLQ
 	if err != nil {
 		log.Fatal(err)
@@ -63,6 +63,9 @@ func ExampleGuard() {
 		Queue: q.Name,
 		Group: "billing",
 		Setup: setup,
+		// One worker: the duplicate runs after the first copy is done (two
+		// copies at once: the second waits for the first one's lease).
+		Workers: 1,
 		// The business key from the body; the AMQP message_id if absent.
 		// Decided once per delivery: every layer keys on it.
 		ID: idemq.IDConfig{Extractor: idemq.FromJSONField("order.id")},
