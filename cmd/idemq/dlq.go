@@ -341,7 +341,7 @@ func newDLQReplayCmd(f *dlqFlags) *cobra.Command {
 	var flt filter
 	var limit int
 	var rate float64
-	var dryRun, toOriginal bool
+	var dryRun, toOriginal, allowSynthetic bool
 	var exchange, routingKey string
 	var output string
 	cmd := &cobra.Command{
@@ -378,7 +378,7 @@ fails again and comes back is not replayed twice.
 			}
 			opts := deadletter.ReplayOptions{
 				DLQ: f.queue(args[0]), WorkQueue: f.workQueue(args[0]), Filter: flt.match,
-				Limit: limit, Rate: rate, DryRun: dryRun,
+				Limit: limit, Rate: rate, DryRun: dryRun, AllowSyntheticID: allowSynthetic,
 			}
 			fixed := cmd.Flags().Changed("exchange") || cmd.Flags().Changed("routing-key")
 			switch {
@@ -442,6 +442,7 @@ fails again and comes back is not replayed twice.
 	cmd.Flags().IntVar(&limit, "limit", 0, "replay at most this many (0: all)")
 	cmd.Flags().Float64Var(&rate, "rate", 0, "at most this many messages per second (0: no limit)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be replayed; change nothing")
+	cmd.Flags().BoolVar(&allowSynthetic, "allow-synthetic-id", false, "also replay dead letters of reason missing-id/invalid-id, under the synthetic ID they were given")
 	cmd.Flags().BoolVar(&toOriginal, "to-original-route", false, "send each dead letter to the exchange and routing key in its headers (a fanout/topic exchange reaches every bound queue)")
 	cmd.Flags().StringVar(&exchange, "exchange", "", "send every dead letter to this exchange (with --routing-key)")
 	cmd.Flags().StringVar(&routingKey, "routing-key", "", "send every dead letter with this routing key (with --exchange, default the default exchange)")
