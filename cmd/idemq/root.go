@@ -15,6 +15,6 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd(), newMigrateCmd(), newConsoleCmd(), newGateCmd())
+	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd(), newOutboxCmd(), newMigrateCmd(), newConsoleCmd(), newGateCmd())
 	return root
 }
