@@ -112,7 +112,7 @@ func newDLQListCmd(f *dlqFlags, detail bool) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Long:  dlqLong,
+		Long:  short + ".\n\n" + dlqSubLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, output)
@@ -164,7 +164,7 @@ func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "groups QUEUE",
 		Short: "Group dead letters by cause: reason and error text with numbers and IDs masked (non-destructive)",
-		Long:  dlqLong,
+		Long:  "Group dead letters by cause: reason and error text with numbers and IDs masked (non-destructive).\n\n" + dlqSubLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, output)
@@ -369,7 +369,11 @@ republish failed, stay in the dead-letter queue in their position. Only the
 messages present when the replay starts are considered, so a message that
 fails again and comes back is not replayed twice.
 
-` + dlqLong,
+Dead letters of reason missing-id or invalid-id carry a synthetic UUID the
+failure policy gave them; they are left in place (reported as failed) unless
+--allow-synthetic-id.
+
+` + dlqSubLong,
 		Args: cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, output)
@@ -476,7 +480,7 @@ func newDLQPurgeCmd(f *dlqFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "purge QUEUE",
 		Short: "Delete every message of a dead-letter queue (asks first unless --yes)",
-		Long:  dlqLong,
+		Long:  "Delete every message of a dead-letter queue (asks first unless --yes).\n\n" + dlqSubLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, "text")
@@ -513,3 +517,9 @@ func newDLQPurgeCmd(f *dlqFlags) *cobra.Command {
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
 	return cmd
 }
+
+// dlqSubLong ends the help of each dlq subcommand; the long explanation is
+// the dlq command's own (idemq dlq --help), not repeated in each.
+const dlqSubLong = `QUEUE is a work queue (its dead-letter queue is QUEUE.dlq); a name ending
+in ".dlq", or --dlq, names the dead-letter queue itself. How dead letters are
+read, collapsed and replayed: idemq dlq --help.`
