@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-unit fuzz demo chaos quickstart bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-unit fuzz demo chaos quickstart orders bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -103,6 +103,9 @@ chaos: services ## the long fault run: more messages, kills, cuts, PostgreSQL/Re
 
 quickstart: services
 	$(ENV) && $(GO) run ./examples/quickstart
+
+orders: services ## the combined example: outbox → relay → consumer (retry policy, guard, inbox); make test builds and runs it too
+	$(ENV) && $(GO) run ./examples/orders
 
 BENCH_N ?= 100000
 BENCH_COUNT ?= 3

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -68,6 +69,14 @@ type ConsumerConfig struct {
 	AckFlushInterval time.Duration
 	// Setup declares topology after each (re)connect. Optional.
 	Setup SetupFunc
+	// StartupAttempts bounds the connection attempts before the first
+	// subscription: Run returns a [*StartupError] after that many failed
+	// attempts. Default 0: retry until the context ends (the broker may
+	// still be starting). Permanent errors (access refused, queue not
+	// found, conflicting declaration, invalid URL) end Run at startup
+	// whatever this is; after the first subscription every error is
+	// retried.
+	StartupAttempts int
 	// Reconnect is the backoff between connection attempts.
 	// Default 100ms doubling to 10s, with jitter.
 	Reconnect backoff.Policy
@@ -202,6 +211,8 @@ type Consumer struct {
 	running bool
 	ready   chan struct{} // closed once the first consume is established
 	readyOK bool
+
+	consuming atomic.Bool // a session is subscribed now
 }
 
 // NewConsumer validates cfg ([ConsumerConfig.Validate]), fills its
@@ -233,13 +244,24 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // Recorder that is not a *Counters was configured).
 func (c *Consumer) Counters() *Counters { return c.counters }
 
-// Ready is closed once the consumer has subscribed for the first time.
+// Ready is closed once the consumer has subscribed for the first time
+// (a startup probe). For a liveness or readiness check that follows
+// reconnects, use [Consumer.Consuming].
 func (c *Consumer) Ready() <-chan struct{} { return c.ready }
+
+// Consuming reports whether the consumer is subscribed right now: false
+// before the first subscription, while it reconnects and after Run
+// returned. A health endpoint can answer 503 while it is false.
+func (c *Consumer) Consuming() bool { return c.consuming.Load() }
 
 // Run consumes until ctx is cancelled, then stops taking deliveries,
 // finishes and acks the ones in flight, and returns nil. Connection losses,
-// channel errors and broker-side cancels are retried with backoff. Run
-// returns an error only for a misuse (Run called twice at once).
+// channel errors and broker-side cancels are retried with backoff. Before
+// the first subscription, a permanent error (wrong credentials, queue not
+// found, invalid URL; see [StartupError]) or StartupAttempts failed
+// attempts end Run with an error matching [ErrStartup], so a program can
+// tell "never connected" from a clean stop. Run also returns an error for
+// a misuse (Run called twice at once).
 func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.running {
@@ -265,6 +287,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		if established {
 			failures = 0
+		} else if !c.readyOnce() {
+			if isPermanentStartup(err) {
+				return &StartupError{Attempts: failures + 1, Permanent: true, Err: err}
+			}
+			if c.cfg.StartupAttempts > 0 && failures+1 >= c.cfg.StartupAttempts {
+				return &StartupError{Attempts: failures + 1, Err: err}
+			}
 		}
 		c.log.Warn("idemq: consumer session ended; reconnecting", "err", err, "attempt", failures+1)
 		if err := backoff.Sleep(ctx, c.cfg.Reconnect.Delay(failures)); err != nil {
@@ -273,6 +302,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		failures++
 		c.rec.Add(CountReconnects, 1)
 	}
+}
+
+// readyOnce reports whether the consumer has subscribed at least once.
+func (c *Consumer) readyOnce() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readyOK
 }
 
 func waitTimeout(wg *sync.WaitGroup, d time.Duration, onTimeout func()) {

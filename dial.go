@@ -18,8 +18,8 @@ import (
 // text scrubbed of the URL's secrets.
 func dialRedacted(dial func(string, amqp.Config) (*amqp.Connection, error), rawURL string, cfg amqp.Config) (*amqp.Connection, error) {
 	if _, err := amqp.ParseURI(rawURL); err != nil {
-		return nil, fmt.Errorf("invalid AMQP URL %s: want amqp[s]://user:password@host:port/vhost[?params], "+
-			"with '?', '#', '@', ':' and '/' in the user name and password percent-encoded", redact.URL(rawURL))
+		return nil, fmt.Errorf("%w %s: want amqp[s]://user:password@host:port/vhost[?params], "+
+			"with '?', '#', '@', ':' and '/' in the user name and password percent-encoded", ErrInvalidURL, redact.URL(rawURL))
 	}
 	conn, err := dial(rawURL, cfg)
 	if err != nil {

@@ -69,15 +69,25 @@ func TestDialErrorsDoNotShowThePassword(t *testing.T) {
 			} else {
 				ctx, cancel := context.WithCancel(context.Background())
 				done := make(chan struct{})
-				go func() { _ = c.Run(ctx); close(done) }()
+				var runErr error
+				go func() { runErr = c.Run(ctx); close(done) }()
 				deadline := time.Now().Add(10 * time.Second)
 				for strings.Count(logs.String(), "reconnecting") < 2 && time.Now().Before(deadline) {
-					time.Sleep(5 * time.Millisecond)
+					select {
+					case <-done:
+						deadline = time.Now()
+					case <-time.After(5 * time.Millisecond):
+					}
 				}
 				cancel()
 				<-done
-				if !strings.Contains(logs.String(), "reconnecting") {
-					t.Fatalf("the consumer logged no failed session:\n%s", logs.String())
+				// A permanent error (invalid URL, access refused) ends Run at
+				// startup: its error must not show the password either.
+				if runErr != nil && showsSecret(runErr.Error(), secret) {
+					t.Fatalf("Run error shows the password: %v", runErr)
+				}
+				if runErr == nil && !strings.Contains(logs.String(), "reconnecting") {
+					t.Fatalf("the consumer neither failed nor logged a failed session:\n%s", logs.String())
 				}
 			}
 

@@ -120,7 +120,7 @@ func NewPublisher(cfg PublisherConfig) *Publisher {
 // [HeaderPublishSeq] added.
 func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 	if err := ValidateID(msg.ID); err != nil {
-		return fmt.Errorf("idemq: publish: %w", err)
+		return err // already "idemq: missing message ID" / "idemq: invalid message ID: …"
 	}
 	if err := msg.Headers.Validate(); err != nil {
 		// No retry can fix a header AMQP cannot encode.

@@ -34,6 +34,8 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	c.markReady()
+	c.consuming.Store(true)
+	defer c.consuming.Store(false)
 
 	// Handlers run under hctx: not cancelled by the Run context (so they can
 	// finish on shutdown), cancelled when the channel dies (their ack is

@@ -329,6 +329,13 @@ type ReplayOptions struct {
 	Rate float64
 	// DryRun changes nothing: it reports what a replay would do.
 	DryRun bool
+	// AllowSyntheticID replays dead letters whose message had no valid ID
+	// (reason missing-id or invalid-id): they carry a synthetic UUID the
+	// policy gave them, and a replay is processed — and deduplicated —
+	// under that UUID, not under a business key. Default false: they are
+	// left in the dead-letter queue and reported as failed with the reason
+	// (`idemq dlq replay --allow-synthetic-id`).
+	AllowSyntheticID bool
 	// Publisher republishes (required unless DryRun).
 	Publisher Publisher
 	// PublishTimeout bounds one republish. Default 30s.
@@ -459,6 +466,12 @@ func (c *Conn) Replay(ctx context.Context, opts ReplayOptions) (ReplayResult, er
 			return true, nil
 		}
 		item := Item{MessageID: d.MessageId, Reason: e.Reason}
+		if !opts.AllowSyntheticID && (e.Reason == idemq.ReasonMissingID || e.Reason == idemq.ReasonInvalidID) {
+			item.Error = fmt.Sprintf("dead-lettered as %s: %q is a synthetic ID the failure policy gave it, and a replay is processed "+
+				"and deduplicated under it, not under a business key; replay anyway with --allow-synthetic-id", e.Reason, d.MessageId)
+			fail(item)
+			return true, nil
+		}
 		switch opts.Route {
 		case RouteWorkQueue:
 			item.Exchange, item.RoutingKey = "", opts.WorkQueue

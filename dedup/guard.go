@@ -37,6 +37,10 @@ type Config struct {
 	// Required.
 	Store Store
 	// Prefix namespaces the keys: "<Prefix>:<group>:<id>". Default "idemq".
+	// This is the key prefix to change to separate applications, whatever
+	// the store. (redisstore.Config.KeyPrefix is another thing: a Redis
+	// key-space prefix put in front of the whole key, outside its hash
+	// tag, for sharing one Redis with other data.)
 	Prefix string
 	// Lease is how long a claim holds the message while the handler runs;
 	// the heartbeat renews it, so it only bounds how long a dead consumer's

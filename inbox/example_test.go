@@ -2,39 +2,140 @@ package inbox_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log"
+	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/business"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/sqldb/postgres"
 )
 
-// The inbox over a pgx pool: the handler receives the pgx.Tx of the inbox
-// row, runs its effect in it and hands it to the business helpers the one
-// way, postgres.PgxTx. The inbox table's migrations are applied by New.
+// exampleEnv is what the inbox examples share: a pgx pool, a unique queue
+// and unique tables (they run on shared servers), and their cleanup.
+type exampleEnv struct {
+	pool           *pgxpool.Pool
+	queue          string
+	accounts, ibox string
+}
+
+func newExampleEnv(ctx context.Context) *exampleEnv {
+	run := idemq.NewMessageID()[24:]
+	pool, err := pgxpool.New(ctx, testenv.PostgresURL()) // $IDEMQ_POSTGRES_URL
+	if err != nil {
+		log.Fatal(err)
+	}
+	e := &exampleEnv{pool: pool, queue: "transfers-" + run, accounts: "accounts_" + run, ibox: "inbox_" + run}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+e.accounts+` (id TEXT PRIMARY KEY, balance BIGINT NOT NULL);
+		INSERT INTO `+e.accounts+` VALUES ('a-1', 0)`); err != nil {
+		log.Fatal(err)
+	}
+	return e
+}
+
+func (e *exampleEnv) close() {
+	ctx := context.Background()
+	_, _ = e.pool.Exec(ctx, `DROP TABLE IF EXISTS `+e.accounts+`, `+e.ibox)
+	_, _ = e.pool.Exec(ctx, `DELETE FROM idemq_migrations WHERE table_name = $1`, e.ibox)
+	e.pool.Close()
+	testenv.DeleteQueue(e.queue)
+}
+
+func (e *exampleEnv) balance(ctx context.Context) int64 {
+	var b int64
+	if err := e.pool.QueryRow(ctx, `SELECT balance FROM `+e.accounts+` WHERE id = 'a-1'`).Scan(&b); err != nil {
+		log.Fatal(err)
+	}
+	return b
+}
+
+// consume publishes ids (each a transfer of 10 to account a-1) and runs a
+// consumer with handler until every delivery was processed or suppressed.
+func (e *exampleEnv) consume(ctx context.Context, ids []string, handler idemq.Handler) *idemq.Counters {
+	setup := func(ctx context.Context, ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(e.queue, true, false, false, false, nil)
+		return err
+	}
+	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	defer pub.Close()
+	for _, id := range ids {
+		if err := pub.Publish(ctx, idemq.Message{ID: id, RoutingKey: e.queue, Body: []byte("10")}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: e.queue, Setup: setup, Pipeline: idemq.Pipeline{Handler: handler},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	n := c.Counters()
+	deadline := time.Now().Add(time.Minute)
+	for n.Get(idemq.CountProcessed)+n.Get(idemq.CountDuplicates) < int64(len(ids)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	<-done
+	return n
+}
+
+// The README's inbox over a pgx pool: the handler's effect and the inbox
+// row commit in one transaction, so a duplicate (transfer t-1 sent twice)
+// changes the balance once — even if the process dies between the commit
+// and the ack. The inbox table's migrations are applied by New.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
-	if err != nil {
-		log.Fatal(err)
-	}
-	ib, err := inbox.New(ctx, postgres.Pgx(pool), inbox.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	orders, err := business.NewMachine(postgres.Dialect(), "orders", "id", "state")
+	env := newExampleEnv(ctx)
+	defer env.close()
+	pool := env.pool // *pgxpool.Pool from pgxpool.New(ctx, "postgres://…")
+
+	ib, err := inbox.New(ctx, postgres.Pgx(pool), inbox.Config{Table: env.ibox}) // Table default "idemq_inbox"; also mysql.Std(db), sqlite.Std(db)
 	if err != nil {
 		log.Fatal(err)
 	}
 	handler := ib.Handler(func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
-		if _, err := tx.Exec(ctx, `UPDATE accounts SET balance = balance + $1 WHERE id = $2`, 10, "a-1"); err != nil {
-			return err
-		}
-		return orders.Transition(ctx, postgres.PgxTx(tx), string(d.Body), "new", "paid")
+		amount, account := string(d.Body), "a-1" // in a real program: decoded from d.Body
+		_, err := tx.Exec(ctx, `UPDATE `+env.accounts+` SET balance = balance + $1 WHERE id = $2`, amount, account)
+		return err // nil commits the effect and the inbox row together, then acks
 	})
-	_ = handler // idemq.NewConsumer(cfg, handler)
+
+	n := env.consume(ctx, []string{"t-1", "t-2", "t-1"}, handler)
+	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
+	fmt.Println("balance:", env.balance(ctx))
+	// Output:
+	// processed: 2 duplicates: 1
+	// balance: 20
+}
+
+// The README's batch inbox: up to Size deliveries in one transaction, their
+// inbox rows in one multi-row INSERT, one commit and one multiple-ack.
+func ExampleInbox_Batch() {
+	ctx := context.Background()
+	env := newExampleEnv(ctx)
+	defer env.close()
+
+	ib, err := inbox.New(ctx, postgres.Pgx(env.pool), inbox.Config{Table: env.ibox})
+	if err != nil {
+		log.Fatal(err)
+	}
+	batch := ib.Batch(func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
+		_, err := tx.Exec(ctx, `UPDATE `+env.accounts+` SET balance = balance + $1 WHERE id = 'a-1'`, string(d.Body))
+		return err // an error rolls the batch back; it runs again with a savepoint per delivery
+	}, inbox.BatchConfig{Size: 50, Concurrency: 4}) // Concurrency: the consumer's Workers (default 4)
+
+	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
+	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
+	fmt.Println("balance:", env.balance(ctx))
+	// Output:
+	// processed: 3 duplicates: 1
+	// balance: 30
 }

@@ -398,7 +398,7 @@ func (r *Relay) failed(ctx context.Context, row Row, err error) {
 		return
 	}
 	delay := r.cfg.RetryBackoff.Delay(row.Attempts - 1)
-	r.log.Info("outbox relay: publish failed; will retry", "row", row.ID, "message_id", row.Message.ID,
+	r.log.Warn("outbox relay: publish failed; will retry", "row", row.ID, "message_id", row.Message.ID,
 		"attempt", row.Attempts, "retry_in", delay, "err", err)
 	r.settle(ctx, "release", func(c context.Context) error {
 		return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, delay, err.Error())

@@ -517,6 +517,9 @@ func Load(r io.Reader) (Topology, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&t); err != nil && !errors.Is(err, io.EOF) {
+		if strings.Contains(err.Error(), "into time.Duration") {
+			return Topology{}, fmt.Errorf("topology: parse YAML: %w (a duration needs a unit: write 200ms, 5s, 2m — not 200)", err)
+		}
 		return Topology{}, fmt.Errorf("topology: parse YAML: %w", err)
 	}
 	var extra yaml.Node

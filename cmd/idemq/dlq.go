@@ -111,7 +111,7 @@ func newDLQListCmd(f *dlqFlags, detail bool) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Long:  dlqLong,
+		Long:  short + ".\n\n" + dlqSubLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, output)
@@ -163,7 +163,7 @@ func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "groups QUEUE",
 		Short: "Group dead letters by cause: reason and error text with numbers and IDs masked (non-destructive)",
-		Long:  dlqLong,
+		Long:  "Group dead letters by cause: reason and error text with numbers and IDs masked (non-destructive).\n\n" + dlqSubLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, output)
@@ -313,7 +313,7 @@ func newDLQReplayCmd(f *dlqFlags) *cobra.Command {
 	var flt filter
 	var limit int
 	var rate float64
-	var dryRun, toOriginal bool
+	var dryRun, toOriginal, allowSynthetic bool
 	var exchange, routingKey string
 	var output string
 	cmd := &cobra.Command{
@@ -341,7 +341,11 @@ republish failed, stay in the dead-letter queue in their position. Only the
 messages present when the replay starts are considered, so a message that
 fails again and comes back is not replayed twice.
 
-` + dlqLong,
+Dead letters of reason missing-id or invalid-id carry a synthetic UUID the
+failure policy gave them; they are left in place (reported as failed) unless
+--allow-synthetic-id.
+
+` + dlqSubLong,
 		Args: cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, output)
@@ -350,7 +354,7 @@ fails again and comes back is not replayed twice.
 			}
 			opts := deadletter.ReplayOptions{
 				DLQ: f.queue(args[0]), WorkQueue: f.workQueue(args[0]), Filter: flt.match,
-				Limit: limit, Rate: rate, DryRun: dryRun,
+				Limit: limit, Rate: rate, DryRun: dryRun, AllowSyntheticID: allowSynthetic,
 			}
 			fixed := cmd.Flags().Changed("exchange") || cmd.Flags().Changed("routing-key")
 			switch {
@@ -414,6 +418,7 @@ fails again and comes back is not replayed twice.
 	cmd.Flags().IntVar(&limit, "limit", 0, "replay at most this many (0: all)")
 	cmd.Flags().Float64Var(&rate, "rate", 0, "at most this many messages per second (0: no limit)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "show what would be replayed; change nothing")
+	cmd.Flags().BoolVar(&allowSynthetic, "allow-synthetic-id", false, "also replay dead letters of reason missing-id/invalid-id, under the synthetic ID they were given")
 	cmd.Flags().BoolVar(&toOriginal, "to-original-route", false, "send each dead letter to the exchange and routing key in its headers (a fanout/topic exchange reaches every bound queue)")
 	cmd.Flags().StringVar(&exchange, "exchange", "", "send every dead letter to this exchange (with --routing-key)")
 	cmd.Flags().StringVar(&routingKey, "routing-key", "", "send every dead letter with this routing key (with --exchange, default the default exchange)")
@@ -447,7 +452,7 @@ func newDLQPurgeCmd(f *dlqFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "purge QUEUE",
 		Short: "Delete every message of a dead-letter queue (asks first unless --yes)",
-		Long:  dlqLong,
+		Long:  "Delete every message of a dead-letter queue (asks first unless --yes).\n\n" + dlqSubLong,
 		Args:  cobra.ExactArgs(1),
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			cio, err := newIO(cmd, "text")
@@ -484,3 +489,9 @@ func newDLQPurgeCmd(f *dlqFlags) *cobra.Command {
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
 	return cmd
 }
+
+// dlqSubLong ends the help of each dlq subcommand; the long explanation is
+// the dlq command's own (idemq dlq --help), not repeated in each.
+const dlqSubLong = `QUEUE is a work queue (its dead-letter queue is QUEUE.dlq); a name ending
+in ".dlq", or --dlq, names the dead-letter queue itself. How dead letters are
+read, collapsed and replayed: idemq dlq --help.`

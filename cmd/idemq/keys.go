@@ -56,6 +56,9 @@ type keyStore = dedup.KeyAdmin
 // openInspector returns the dedup store the keys commands work on. It is
 // the one place that knows the backend (Redis today).
 func openInspector(f *keysFlags) (keyStore, func(), error) {
+	// go-redis logs every failed dial of its pool to stderr; the command
+	// reports the one error that matters.
+	redis.SetLogger(silentRedisLog{})
 	u := redisURL(f.redisURL)
 	opt, err := redisOptions(u)
 	if err != nil {
@@ -79,6 +82,7 @@ func (f *keysFlags) key(id string) (string, error) {
 // keyView is a dedup record as the commands print it.
 type keyView struct {
 	Key       string `json:"key"`
+	RedisKey  string `json:"redis_key,omitempty"` // the Redis key looked up (KeyPrefix + hash tag)
 	Found     bool   `json:"found"`
 	State     string `json:"state,omitempty"`
 	Owner     string `json:"owner,omitempty"`
@@ -102,7 +106,7 @@ func viewOf(key string, rec dedup.Record, ok bool, now time.Time) keyView {
 
 func printKey(cio *cmdIO, v keyView) {
 	if !v.Found {
-		cio.printf("%s: not found (never seen, expired or forgotten)\n", v.Key)
+		cio.printf("%s: not found (never seen, expired or forgotten; looked up Redis key %s)\n", v.Key, v.RedisKey)
 		return
 	}
 	cio.printf("%s: %s", v.Key, v.State)
@@ -125,10 +129,19 @@ func newKeysGetCmd(f *keysFlags) *cobra.Command {
 		RunE: wrapRunE(func(cmd *cobra.Command, args []string) error {
 			return withRecord(cmd, f, output, args[0], func(ctx context.Context, cio *cmdIO, ins dedup.Inspector, key string, rec dedup.Record, ok bool) error {
 				v := viewOf(key, rec, ok, time.Now())
-				if cio.json {
-					return cio.printJSON(v)
+				if rk, ok := ins.(interface{ RedisKey(string) string }); ok {
+					v.RedisKey = rk.RedisKey(key)
 				}
-				printKey(cio, v)
+				if cio.json {
+					if err := cio.printJSON(v); err != nil {
+						return err
+					}
+				} else {
+					printKey(cio, v)
+				}
+				if !v.Found {
+					return errKeyNotFound // exit status 1, after the line above
+				}
 				return nil
 			})
 		}),
@@ -215,3 +228,18 @@ func withRecord(cmd *cobra.Command, f *keysFlags, output, id string,
 		return fn(ctx, cio, ks, key, rec, ok)
 	})
 }
+
+// errKeyNotFound is `keys get` of an absent record: the record line is
+// printed, then the command exits with status 1 and no further message.
+var errKeyNotFound = silentError{errors.New("dedup record not found")}
+
+// silentError ends a command with exit status 1 without main printing it
+// (the command has already said why on stdout).
+type silentError struct{ error }
+
+func (e silentError) Unwrap() error { return e.error }
+
+// silentRedisLog drops go-redis' internal log lines.
+type silentRedisLog struct{}
+
+func (silentRedisLog) Printf(context.Context, string, ...any) {}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,7 +15,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCmd().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "idemq:", err)
+		var silent silentError
+		if !errors.As(err, &silent) {
+			fmt.Fprintln(os.Stderr, "idemq:", err)
+		}
 		os.Exit(1)
 	}
 }

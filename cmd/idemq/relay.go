@@ -293,6 +293,9 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := checkBroker(ctx, log, amqpU, 10*time.Second); err != nil {
+		return err
+	}
 	var counters idemq.Counters
 	var rec idemq.Recorder = &counters
 	var pubRec idemq.Recorder

@@ -17,6 +17,8 @@ import (
 type Config struct {
 	// KeyPrefix is prepended to every Redis key, outside the hash tag
 	// (e.g. "myapp:" to share a Redis with other data). Default "".
+	// It is not the dedup key prefix: that is dedup.Config.Prefix, inside
+	// the tag ("myapp:{idemq:<group>:<id>}"); see [Store.RedisKey].
 	KeyPrefix string
 	// AutoPipeline sends the store's commands through go-redis'
 	// autopipeliner (client.AutoPipeline(), experimental in go-redis): calls

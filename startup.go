@@ -1,0 +1,74 @@
+package idemq
+
+import (
+	"errors"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrStartup is matched (errors.Is) by the error [Consumer.Run] returns when
+// the consumer never got to consume: a permanent error at startup (see
+// [StartupError]) or ConsumerConfig.StartupAttempts failed attempts.
+var ErrStartup = errors.New("idemq: consumer could not start")
+
+// ErrInvalidURL is matched (errors.Is) by the error of a broker URL that
+// does not parse. The URL is named redacted, never with its password.
+var ErrInvalidURL = errors.New("idemq: invalid AMQP URL")
+
+// StartupError is what [Consumer.Run] returns when it gives up before its
+// first subscription: Permanent is true for an error retrying cannot fix
+// (access refused — a wrong user or password, a vhost or queue the user may
+// not use —, the queue not found, a topology declaration that conflicts
+// with the broker's, a URL that does not parse); otherwise Attempts
+// reached ConsumerConfig.StartupAttempts. errors.Is(err, [ErrStartup])
+// holds; errors.As reaches the cause (an *amqp.Error with its Code).
+type StartupError struct {
+	Attempts  int
+	Permanent bool
+	Err       error
+}
+
+func (e *StartupError) Error() string {
+	if e.Permanent {
+		return fmt.Sprintf("idemq: consumer could not start (permanent error, not retried): %v", e.Err)
+	}
+	return fmt.Sprintf("idemq: consumer could not start after %d attempts: %v", e.Attempts, e.Err)
+}
+
+func (e *StartupError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrStartup) hold.
+func (e *StartupError) Is(target error) bool { return target == ErrStartup }
+
+// permanentAMQP are the AMQP reply codes that retrying the same connect,
+// declare and consume cannot change.
+var permanentAMQP = map[int]bool{
+	amqp.AccessRefused:      true, // 403: wrong credentials, no permission on the vhost, queue or exchange
+	amqp.NotFound:           true, // 404: the queue (or an exchange Setup binds) does not exist
+	amqp.PreconditionFailed: true, // 406: a declaration that conflicts with the existing one
+	amqp.NotAllowed:         true, // 530: the vhost does not exist or may not be used
+}
+
+// isPermanentStartup reports whether err, from a session that never
+// subscribed, cannot be fixed by retrying. A failed pass over several
+// brokers is permanent only when every broker's error is.
+func isPermanentStartup(err error) bool {
+	if err == nil {
+		return false
+	}
+	var all *allDialsFailed
+	if errors.As(err, &all) {
+		for _, e := range all.errs {
+			if !isPermanentStartup(e) {
+				return false
+			}
+		}
+		return len(all.errs) > 0
+	}
+	if errors.Is(err, ErrInvalidURL) {
+		return true
+	}
+	var ae *amqp.Error
+	return errors.As(err, &ae) && permanentAMQP[ae.Code]
+}
