@@ -94,8 +94,8 @@ func TestDecide(t *testing.T) {
 		want     want
 	}{
 		{name: "success", id: "m", err: nil, run: 1, want: want{action: idemq.ActionAck, outcome: idemq.OutcomeProcessed}},
-		{name: "duplicate", id: "m", err: fmt.Errorf("inbox: %w", idemq.ErrDuplicate), run: 1,
-			want: want{action: idemq.ActionAck, outcome: idemq.OutcomeDuplicate}},
+		{name: "duplicate", id: "m", err: fmt.Errorf("inbox: %w", idemq.Duplicate(idemq.LayerInbox)), run: 1,
+			want: want{action: idemq.ActionAck, outcome: idemq.OutcomeDuplicate, reason: idemq.LayerInbox}},
 		{name: "success after quick retries", id: "m", err: nil, run: 3, want: want{action: idemq.ActionAck, outcome: idemq.OutcomeProcessed}},
 		{name: "transient, first run", id: "m", err: transient, run: 1, want: want{action: idemq.ActionRunAgain, delay: 10 * time.Millisecond}},
 		{name: "transient, second run", id: "m", err: transient, run: 2, want: want{action: idemq.ActionRunAgain, delay: 20 * time.Millisecond}},
