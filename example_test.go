@@ -35,7 +35,8 @@ func ExampleConsumer() {
 
 	p := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup}) // URL: $IDEMQ_AMQP_URL, else amqp://guest:guest@localhost:5672/
 	defer p.Close()
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	for _, id := range []string{"order-1001", "order-1002", "order-1001"} {
 		// The default exchange routes by queue name: RoutingKey is the queue.
 		if err := p.Publish(ctx, idemq.Message{ID: id, RoutingKey: queue, Body: []byte(`{"amount":10}`)}); err != nil {

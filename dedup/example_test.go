@@ -24,7 +24,8 @@ func apply(ctx context.Context, orderID string, body []byte) error { return nil 
 // before the handler, marks it done after, and releases it if the handler
 // fails (the retry policy then retries it: never skipped as a duplicate).
 func ExampleGuard() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	run := idemq.NewMessageID()[24:] // unique per run: this example shares its servers
 
 	// rdb: any go-redis v9 client.

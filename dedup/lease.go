@@ -93,6 +93,11 @@ func (l *Lease) Token() string { return l.token }
 // renewal against the monotonic clock.
 func (l *Lease) Err() error {
 	if p := l.lost.Load(); p != nil {
+		// Another goroutine may be declaring it lost right now, between
+		// recording why and cancelling: cancel here too (idempotent, the
+		// first cause wins), so whoever sees the lease lost sees the
+		// handler's context cancelled as well.
+		l.cancel(*p)
 		return *p
 	}
 	if l.ended.Load() {
@@ -142,10 +147,10 @@ func (l *Lease) lose(cause error) {
 	if !l.lost.CompareAndSwap(nil, &cause) {
 		return
 	}
+	l.cancel(cause) // before anything slow: readers check lost, then the context
 	if !l.ended.Load() {
 		keyLog{l.g.cfg.Logger, l.key}.Warn("idemq: dedup lease lost while the handler runs; its context is cancelled", "err", cause)
 	}
-	l.cancel(cause)
 }
 
 // renew extends the lease in the store. A renewal is trusted from the

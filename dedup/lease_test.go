@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,5 +236,57 @@ func TestNewGuardRejectsConfigsItCannotRun(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// blockingLog is a slog handler that, on the guard's "lease lost" warning,
+// tells entered and blocks until release is closed: it holds the goroutine
+// that declared the lease lost in the middle of doing so.
+type blockingLog struct {
+	entered chan struct{}
+	release chan struct{}
+	once    *sync.Once
+}
+
+func (blockingLog) Enabled(context.Context, slog.Level) bool { return true }
+func (b blockingLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "lease lost") {
+		b.once.Do(func() { close(b.entered) })
+		<-b.release
+	}
+	return nil
+}
+func (b blockingLog) WithAttrs([]slog.Attr) slog.Handler { return b }
+func (b blockingLog) WithGroup(string) slog.Handler      { return b }
+
+// Once the lease is declared lost, every reader of the handler's context
+// sees it cancelled at once — not only after the goroutine that declared
+// it (a timer, the heartbeat) has finished logging and cancelling. A
+// thawed process's handler asks its context right before its effect while
+// its late timers declare the lease lost: it must not get a nil Err then.
+func TestLeaseLostIsSeenByEveryReaderAtOnce(t *testing.T) {
+	mem := dedup.NewMemory(dedup.MemoryConfig{})
+	logs := blockingLog{entered: make(chan struct{}), release: make(chan struct{}), once: &sync.Once{}}
+	var sawErr, sawCause error
+	var doneClosed bool
+	h := idemq.Chain(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		select {
+		case <-logs.entered: // a timer is declaring the lease lost, held in its log line
+		case <-time.After(10 * time.Second):
+			return errors.New("the lease was never declared lost")
+		}
+		sawErr, sawCause = ctx.Err(), context.Cause(ctx)
+		select {
+		case <-ctx.Done():
+			doneClosed = true
+		default:
+		}
+		close(logs.release)
+		return sawErr
+	}), guardMW(extendFails{mem}, dedup.Config{Lease: 300 * time.Millisecond, Logger: slog.New(logs)}))
+	_ = h.Handle(context.Background(), delivery("m1"))
+	if !errors.Is(sawErr, context.Canceled) || !errors.Is(sawCause, idemq.ErrLeaseLost) || !doneClosed {
+		t.Fatalf("handler's context while the lease is being declared lost: Err %v, Cause %v, Done closed %v; want Canceled, ErrLeaseLost, true",
+			sawErr, sawCause, doneClosed)
 	}
 }

@@ -41,7 +41,8 @@ func newExampleEnv(ctx context.Context) *exampleEnv {
 }
 
 func (e *exampleEnv) close() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	_, _ = e.pool.Exec(ctx, `DROP TABLE IF EXISTS `+e.accounts+`, `+e.ibox)
 	_, _ = e.pool.Exec(ctx, `DELETE FROM idemq_migrations WHERE table_name = $1`, e.ibox)
 	e.pool.Close()
@@ -93,7 +94,8 @@ func (e *exampleEnv) consume(ctx context.Context, ids []string, handler idemq.Ha
 // changes the balance once — even if the process dies between the commit
 // and the ack. The inbox table's migrations are applied by New.
 func Example() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	env := newExampleEnv(ctx)
 	defer env.close()
 	pool := env.pool // *pgxpool.Pool from pgxpool.New(ctx, "postgres://…")
@@ -119,7 +121,8 @@ func Example() {
 // The README's batch inbox: up to Size deliveries in one transaction, their
 // inbox rows in one multi-row INSERT, one commit and one multiple-ack.
 func ExampleInbox_Batch() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	env := newExampleEnv(ctx)
 	defer env.close()
 

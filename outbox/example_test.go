@@ -25,7 +25,8 @@ import (
 // somewhere: on the default exchange it is the queue's name (a row that
 // cannot route is marked failed as unroutable; see `idemq outbox list`).
 func ExampleSQLStore_Add() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	run := idemq.NewMessageID()[24:] // unique per run: this example shares its servers
 	queue, orders, table := "orders-"+run, "orders_"+run, "outbox_"+run
 	defer testenv.DeleteQueue(queue)

@@ -22,7 +22,8 @@ import (
 // drift apart. A poison message runs 1 + len(delays) times, then lands in
 // "<queue>.dlq" with the reason and the attempts in its headers.
 func ExamplePolicy() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	run := idemq.NewMessageID()[24:] // unique per run: this example shares its servers
 	// Defaults: 1s, 5s, 30s, 2m, 10m (12m36s of waiting before the DLQ);
 	// short delays here, so the example dead-letters in well under a second.

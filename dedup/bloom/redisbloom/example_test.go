@@ -26,7 +26,8 @@ import (
 // "maybe" (so a false positive never drops a new message), behind the
 // usual guard.
 func ExampleNewStore() {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	run := idemq.NewMessageID()[24:] // unique per run: this example shares its servers
 	queue, table, prefix := "orders-"+run, "dedup_"+run, "example-"+run
 	defer testenv.DeleteQueue(queue)
@@ -95,7 +96,8 @@ func ExampleNewStore() {
 }
 
 func cleanup(rdb *redis.Client, db *sql.DB, prefix, table string) {
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
 	iter := rdb.Scan(ctx, 0, "*"+prefix+"*", 1000).Iterator()
 	for iter.Next(ctx) {
 		rdb.Del(ctx, iter.Val())
