@@ -1,0 +1,161 @@
+package idemqtest_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/idemqtest"
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/sqldb/sqlite"
+)
+
+// bank is a table of accounts in SQLite, one per message, and the naive
+// transfer: balance += amount.
+type bank struct{ db *sql.DB }
+
+func newBank(t testing.TB, msgs []idemq.Message) *bank {
+	t.Helper()
+	db := idemqtest.OpenSQLite(t)
+	if _, err := db.Exec(`CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		if _, err := db.Exec(`INSERT INTO accounts VALUES (?, 0)`, m.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &bank{db: db}
+}
+
+// apply is the effect in tx: the account named by the message ID gets
+// the amount in the body.
+func apply(ctx context.Context, tx *sql.Tx, d *idemq.Delivery) error {
+	amount, err := strconv.ParseInt(string(d.Body), 10, 64)
+	if err != nil {
+		return idemq.Reject(idemq.ReasonUnparseable, err)
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE accounts SET balance = balance + ? WHERE id = ?`, amount, d.MessageID)
+	return err
+}
+
+// naive runs apply in a transaction of its own, with the in-handler crash
+// point right before its commit.
+func (b *bank) naive() idemq.Handler {
+	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		tx, err := b.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if err := apply(ctx, tx, d); err != nil {
+			return err
+		}
+		idemqtest.CrashPoint(ctx, idemqtest.InHandler)
+		return tx.Commit()
+	})
+}
+
+// applied is balance / amount.
+func (b *bank) applied(ctx context.Context, m idemq.Message) (int, error) {
+	var bal int64
+	if err := b.db.QueryRowContext(ctx, `SELECT balance FROM accounts WHERE id = ?`, m.ID).Scan(&bal); err != nil {
+		return 0, err
+	}
+	amount, _ := strconv.ParseInt(string(m.Body), 10, 64)
+	return int(bal / amount), nil
+}
+
+func transfers(n int) []idemq.Message {
+	msgs := make([]idemq.Message, n)
+	for i := range msgs {
+		msgs[i] = idemq.Message{ID: fmt.Sprintf("t-%d", i+1), Body: []byte(strconv.Itoa(10 * (i + 1)))}
+	}
+	return msgs
+}
+
+// modes are the three ways of the bank example: no protection, the dedup
+// guard over its own transaction, the inbox.
+func setupFor(t *testing.T, mode string, msgs []idemq.Message) idemqtest.Setup {
+	return func(ctx context.Context, _ string) (idemqtest.Target, error) {
+		b := newBank(t, msgs)
+		tg := idemqtest.Target{Applied: b.applied}
+		switch mode {
+		case "none":
+			tg.Pipeline = idemq.Pipeline{Handler: b.naive()}
+		case "dedup":
+			clock := idemqtest.NewClock(time.Time{})
+			g, err := dedup.NewGuard(dedup.Config{Store: idemqtest.NewStore(clock), Logger: quiet})
+			if err != nil {
+				return tg, err
+			}
+			tg.Clock = clock
+			tg.Pipeline = idemq.Pipeline{Guard: g, Handler: b.naive()}
+		case "inbox":
+			ib, err := inbox.New(ctx, sqlite.Std(b.db), inbox.Config{Logger: quiet})
+			if err != nil {
+				return tg, err
+			}
+			tg.Pipeline = idemq.Pipeline{Handler: ib.Handler(idemqtest.BeforeCommit(apply))}
+		}
+		return tg, nil
+	}
+}
+
+func TestCheckVerdicts(t *testing.T) {
+	msgs := transfers(6)
+	tests := []struct {
+		mode   string
+		copies int
+		// twice: the scenarios ("" the duplicates alone) where a message
+		// is applied more than once.
+		twice []idemqtest.Point
+	}{
+		// One delivery each: only the crashes duplicate, after the commit.
+		{"none", 1, []idemqtest.Point{idemqtest.AfterCommit, idemqtest.BeforeAck}},
+		// Published three times: every scenario applies twice.
+		{"none", 3, []idemqtest.Point{"", idemqtest.BeforeClaim, idemqtest.InHandler, idemqtest.AfterCommit, idemqtest.BeforeAck}},
+		// The guard stops the copies; its after-commit window stays open.
+		{"dedup", 3, []idemqtest.Point{idemqtest.AfterCommit}},
+		// The inbox row commits with the effect: exactly once.
+		{"inbox", 3, nil},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/copies=%d", tt.mode, tt.copies), func(t *testing.T) {
+			r, err := idemqtest.Check(t.Context(), setupFor(t, tt.mode, msgs), msgs, idemqtest.Options{Copies: tt.copies})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := r.Points(idemqtest.AppliedTwice)
+			if !slices.Equal(got, tt.twice) {
+				t.Fatalf("applied twice after %q, want %q\n%s", got, tt.twice, r)
+			}
+			for _, s := range r.Scenarios {
+				if s.Point != "" && !s.Reached {
+					t.Errorf("scenario %s: crash point not reached\n%s", s.Name, r)
+				}
+			}
+			for _, k := range []idemqtest.Kind{idemqtest.Lost, idemqtest.Stuck} {
+				if ps := r.Points(k); len(ps) > 0 {
+					t.Errorf("%s after %q\n%s", k, ps, r)
+				}
+			}
+			for _, v := range r.Violations {
+				if v.Point != "" && (v.Attempt < 1 || v.Trace[slices.IndexFunc(v.Trace, func(tr idemqtest.Trace) bool { return tr.Crashed != "" })].Attempt != v.Attempt) {
+					t.Errorf("%s: attributed to attempt %d, not the crashed one\n%s", v, v.Attempt, r)
+				}
+			}
+		})
+	}
+}
+
+func TestCheckIdempotentInbox(t *testing.T) {
+	msgs := transfers(8)
+	idemqtest.CheckIdempotent(t, setupFor(t, "inbox", msgs), msgs, idemqtest.Options{Copies: 4, Workers: 8, Crashes: 2})
+}
