@@ -3,9 +3,11 @@ package idemqtest_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/sqldb/sqlite"
 )
 
@@ -158,4 +161,44 @@ func TestCheckVerdicts(t *testing.T) {
 func TestCheckIdempotentInbox(t *testing.T) {
 	msgs := transfers(8)
 	idemqtest.CheckIdempotent(t, setupFor(t, "inbox", msgs), msgs, idemqtest.Options{Copies: 4, Workers: 8, Crashes: 2})
+}
+
+// Through the retry policy: every message fails its first run (retried
+// through a retry queue, which the kit delivers again) and one is
+// unparseable (dead-lettered, not lost): still exactly once with the inbox.
+func TestCheckRetryPolicyInbox(t *testing.T) {
+	msgs := append(transfers(4), idemq.Message{ID: "t-bad", Body: []byte("x")})
+	var failed sync.Map
+	setup := func(ctx context.Context, name string) (idemqtest.Target, error) {
+		good := msgs[:4]
+		b := newBank(t, good)
+		ib, err := inbox.New(ctx, sqlite.Std(b.db), inbox.Config{Logger: quiet})
+		if err != nil {
+			return idemqtest.Target{}, err
+		}
+		policy, err := retry.New(retry.Config{Sender: &idemqtest.Sender{}, QuickAttempts: 1, Delays: []time.Duration{time.Second}, MaxAttempts: 3})
+		if err != nil {
+			return idemqtest.Target{}, err
+		}
+		flaky := func(ctx context.Context, tx *sql.Tx, d *idemq.Delivery) error {
+			if _, seen := failed.LoadOrStore(name+"/"+d.MessageID, true); !seen {
+				return errors.New("transient")
+			}
+			return apply(ctx, tx, d)
+		}
+		applied := func(ctx context.Context, m idemq.Message) (int, error) {
+			if m.ID == "t-bad" {
+				return 0, nil
+			}
+			return b.applied(ctx, m)
+		}
+		return idemqtest.Target{Applied: applied, Pipeline: idemq.Pipeline{Policy: policy,
+			Handler: ib.Handler(idemqtest.BeforeCommit(flaky))}}, nil
+	}
+	r := idemqtest.CheckIdempotent(t, setup, msgs, idemqtest.Options{})
+	for _, s := range r.Scenarios {
+		if s.Outcomes["retried"] == 0 || s.Outcomes["dead-lettered"] == 0 {
+			t.Errorf("scenario %s outcomes %v: want retries and a dead letter", s.Name, s.Outcomes)
+		}
+	}
 }

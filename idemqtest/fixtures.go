@@ -186,3 +186,27 @@ func RequireRequeued(t testing.TB, dec idemq.Decision, reason string) {
 		t.Fatalf("decision %s (err %v), want given back with reason %q", dec, dec.Err, reason)
 	}
 }
+
+// Sender is an idemq.Sender that records what it is asked to publish and
+// confirms it at once: give it to retry.Config.Sender so the policy
+// decides retries and dead letters without a broker. ([Check] does not
+// call it: it carries a publish decision out from the decision itself.)
+type Sender struct {
+	mu   sync.Mutex
+	msgs []idemq.Message
+}
+
+// Publish records m.
+func (s *Sender) Publish(_ context.Context, m idemq.Message) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.msgs = append(s.msgs, m)
+	return nil
+}
+
+// Messages returns what was published, in order.
+func (s *Sender) Messages() []idemq.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]idemq.Message(nil), s.msgs...)
+}
