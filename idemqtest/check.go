@@ -559,4 +559,3 @@ func (s *scenario) delivery(it item, _ int) *idemq.Delivery {
 	s.opts.ID.Apply(d)
 	return d
 }
-

@@ -97,7 +97,9 @@ func WithHeader(key string, v any) DeliveryOption {
 
 // WithRedelivered sets the Redelivered flag (a delivery given back, or
 // redelivered after a consumer died).
-func WithRedelivered() DeliveryOption { return func(d *idemq.Delivery, _ *idemq.IDConfig) { d.Redelivered = true } }
+func WithRedelivered() DeliveryOption {
+	return func(d *idemq.Delivery, _ *idemq.IDConfig) { d.Redelivered = true }
+}
 
 // WithQueue sets the queue (and the group, unless WithGroup follows).
 func WithQueue(q string) DeliveryOption {
@@ -105,7 +107,9 @@ func WithQueue(q string) DeliveryOption {
 }
 
 // WithGroup sets the consumer group.
-func WithGroup(g string) DeliveryOption { return func(d *idemq.Delivery, _ *idemq.IDConfig) { d.Group = g } }
+func WithGroup(g string) DeliveryOption {
+	return func(d *idemq.Delivery, _ *idemq.IDConfig) { d.Group = g }
+}
 
 // WithDeliveryCount sets x-delivery-count, as a quorum queue does.
 func WithDeliveryCount(n int64) DeliveryOption {
