@@ -202,3 +202,61 @@ func TestCheckRetryPolicyInbox(t *testing.T) {
 		}
 	}
 }
+
+// CrashPoint does nothing outside Check, and a scenario whose handler
+// never calls it says its point was not reached.
+func TestCrashPointOutsideAndUnreached(t *testing.T) {
+	idemqtest.CrashPoint(t.Context(), idemqtest.InHandler) // returns
+	var mu sync.Mutex
+	applied := map[string]int{}
+	setup := func(context.Context, string) (idemqtest.Target, error) {
+		clear(applied)
+		return idemqtest.Target{
+			Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(_ context.Context, d *idemq.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				applied[d.MessageID]++
+				return nil
+			})},
+			Applied: func(_ context.Context, m idemq.Message) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return applied[m.ID], nil
+			},
+		}, nil
+	}
+	r, err := idemqtest.Check(t.Context(), setup, transfers(2), idemqtest.Options{Copies: 1, Points: []idemqtest.Point{idemqtest.InHandler}, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Scenarios) != 2 || r.Scenarios[1].Reached || r.Scenarios[1].Crashes != 0 || !r.Idempotent() || r.Seed != 7 {
+		t.Fatalf("report:\n%s", r)
+	}
+}
+
+// A classic mistake: skipping redelivered deliveries "because they were
+// processed". A crash before the commit makes the message lost.
+func TestCheckReportsLost(t *testing.T) {
+	msgs := transfers(3)
+	setup := func(ctx context.Context, _ string) (idemqtest.Target, error) {
+		b := newBank(t, msgs)
+		naive := b.naive()
+		skip := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+			if d.Redelivered {
+				return nil
+			}
+			return naive.Handle(ctx, d)
+		})
+		return idemqtest.Target{Applied: b.applied, Pipeline: idemq.Pipeline{Handler: skip}}, nil
+	}
+	r, err := idemqtest.Check(t.Context(), setup, msgs, idemqtest.Options{Copies: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Points(idemqtest.Lost), []idemqtest.Point{idemqtest.BeforeClaim, idemqtest.InHandler}; !slices.Equal(got, want) {
+		t.Fatalf("lost after %q, want %q\n%s", got, want, r)
+	}
+	if got := r.Points(idemqtest.AppliedTwice); len(got) != 0 {
+		t.Fatalf("applied twice after %q\n%s", got, r)
+	}
+}
