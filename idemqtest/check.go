@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,6 +388,7 @@ func (s *scenario) run(ctx context.Context, msgs []idemq.Message) (Scenario, []V
 		default:
 			continue
 		}
+		slices.SortStableFunc(ms.trace, func(a, b Trace) int { return a.Attempt - b.Attempt })
 		v := Violation{Scenario: s.name, Kind: kind, MessageID: ms.m.ID, Applied: n, Trace: ms.trace}
 		if ms.crashAt > 0 {
 			v.Point, v.Attempt = s.point, ms.crashAt
