@@ -50,11 +50,11 @@ type attemptKey struct{}
 // see from outside (InHandler: after writing its effect, right before it
 // commits). Outside [Check] it does nothing. Under Check, when the running
 // scenario crashes at p and this message still has a crash to take, it
-// ends the calling goroutine with runtime.Goexit: the deferred calls below
-// run — an open transaction rolls back, the dedup guard gives its claim up
-// — as a process's death amounts to once its connections drop and its
-// lease expires, and nothing above it runs (no commit, no Complete, no
-// ack). The kit then redelivers the message with Redelivered set.
+// ends the calling goroutine with runtime.Goexit: nothing after it runs
+// (no commit, no Complete, no ack), and the deferred calls pending on the
+// goroutine do — an open transaction rolls back, the dedup guard gives its
+// claim up — as a process's death amounts to once its connections drop
+// and its lease expires. The kit then redelivers the message with Redelivered set.
 func CrashPoint(ctx context.Context, p Point) {
 	if crash(ctx, p) {
 		runtime.Goexit()

@@ -54,14 +54,16 @@
 // production code. A scenario whose point was never reached says so
 // (Scenario.Reached).
 //
-// A crash is runtime.Goexit on the delivery's goroutine: the deferred calls
-// of the layers below the point run — an open transaction rolls back, the
-// dedup guard gives up its claim — and nothing above it runs (no commit,
-// no Complete, no ack). That is what a process's death amounts to once its
-// database connection drops and its lease expires; the guard releasing at
-// once rather than its lease expiring later changes when the redelivery
-// may run, not what it does. A crash ends one delivery, not the others in
-// flight: each is a consumer of its own dying.
+// A crash is runtime.Goexit on the delivery's goroutine: no code after the
+// crash point runs (no commit, no Complete, no ack), and the deferred calls
+// pending on that goroutine do — an open transaction rolls back, the dedup
+// guard gives up its claim. That is what a process's death amounts to once
+// its database connection drops and its lease expires; the guard
+// releasing at once rather than its lease expiring later changes when the
+// redelivery may run, not what it does. (A handler that commits in a
+// deferred call is the one shape this misreads: its commit would run.)
+// A crash ends one delivery, not the others in flight: each is a consumer
+// of its own dying.
 //
 // # Fixtures
 //
