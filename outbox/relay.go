@@ -114,10 +114,11 @@ type RelayConfig struct {
 // Relay publishes committed outbox rows. Create it with [NewRelay] and call
 // [Relay.Run]; several relays (processes) may share one table.
 type Relay struct {
-	cfg  RelayConfig
-	log  *slog.Logger
-	rec  idemq.Recorder
-	wake chan struct{}
+	cfg     RelayConfig
+	log     *slog.Logger
+	rec     idemq.Recorder
+	wake    chan struct{}
+	refresh chan struct{} // a batch was settled: refresh the stats
 
 	lagMS, pending, blocked atomic.Int64
 	gaugeMu                 sync.Mutex
@@ -187,7 +188,7 @@ func NewRelay(cfg RelayConfig) *Relay {
 	if rec == nil {
 		rec = nopRecorder{}
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1)}
+	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1), refresh: make(chan struct{}, 1)}
 }
 
 // Owner is the relay's lease owner name.
@@ -220,6 +221,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	bg, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	// Last (deferred first): once every batch is settled and the stats
+	// loop stopped, Pending and Lag tell what is left.
+	defer r.finalStats(ctx)
 	defer wg.Wait()
 	defer cancel()
 
@@ -272,6 +276,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				// Marking may have unblocked rows (the next of an ordering
 				// key): look again rather than sleep out the poll interval.
 				r.Wake()
+				r.refreshStats()
 			})
 			idle = 0
 			continue
@@ -451,6 +456,30 @@ func (r *Relay) purgeLoop(ctx context.Context) {
 	}
 }
 
+// refreshStats asks the stats loop for a refresh now (a batch was
+// settled); requests coalesce.
+func (r *Relay) refreshStats() {
+	select {
+	case r.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// minStatsGap bounds the refreshes a busy relay asks for after its
+// batches: at most one per minStatsGap (or StatsInterval if shorter).
+const minStatsGap = 250 * time.Millisecond
+
+// finalStats reads Pending and Lag once more after Run stopped, for the
+// caller's last report. The recorder's gauges stay at zero.
+func (r *Relay) finalStats(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if st, err := r.cfg.Store.Stats(sctx); err == nil {
+		r.lagMS.Store(st.Lag.Milliseconds())
+		r.pending.Store(st.Pending)
+	}
+}
+
 func (r *Relay) statsLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
@@ -478,6 +507,13 @@ func (r *Relay) statsLoop(ctx context.Context) {
 			r.setBlocked(0)
 			return
 		case <-t.C:
+		case <-r.refresh:
+			gap := time.NewTimer(min(minStatsGap, r.cfg.StatsInterval))
+			select {
+			case <-ctx.Done():
+			case <-gap.C:
+			}
+			gap.Stop()
 		}
 	}
 }
