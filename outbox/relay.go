@@ -103,6 +103,14 @@ type RelayConfig struct {
 	PurgeBatch    int
 	// StatsInterval between lag/pending refreshes. Default 5s.
 	StatsInterval time.Duration
+	// DrainTimeout is how long Run, once its context is done, waits for
+	// the publishes in flight to be confirmed. Past it (the broker is
+	// unreachable, say) they are abandoned and their rows handed back
+	// untouched for a later run: Run returns promptly instead of waiting
+	// out PublishTimeout. An abandoned publish may still have reached the
+	// broker: the row is then published twice, with the same message ID.
+	// Default 5s.
+	DrainTimeout time.Duration
 	// Recorder receives the relay's counters. Optional.
 	Recorder idemq.Recorder
 	// Logger; default slog.Default().
@@ -177,6 +185,9 @@ func NewRelay(cfg RelayConfig) *Relay {
 	}
 	if cfg.PurgeBatch <= 0 {
 		cfg.PurgeBatch = 1000
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 5 * time.Second
 	}
 	if cfg.StatsInterval <= 0 {
 		cfg.StatsInterval = 5 * time.Second
@@ -304,6 +315,14 @@ type result struct {
 // process publishes a claimed batch concurrently and settles every row.
 func (r *Relay) process(ctx context.Context, rows []Row) {
 	dctx := context.WithoutCancel(ctx) // drain: finish the batch on shutdown
+	// The publishes get DrainTimeout once ctx is done, then are abandoned.
+	pubCtx, abandon := context.WithCancelCause(dctx)
+	defer abandon(nil)
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.DrainTimeout, func() { abandon(errAbandoned) })
+		context.AfterFunc(pubCtx, func() { t.Stop() })
+	})
+	defer stopDrain()
 	results := make([]result, len(rows))
 	var wg sync.WaitGroup
 	for i := range rows {
@@ -314,13 +333,16 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 			continue
 		}
 		wg.Go(func() {
-			pctx, cancel := context.WithTimeout(dctx, r.cfg.PublishTimeout)
+			pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
 			defer cancel()
 			m := row.Message
 			err := r.cfg.Publisher.Publish(pctx, idemq.Message{
 				ID: m.ID, Exchange: m.Exchange, RoutingKey: m.RoutingKey, Body: m.Body,
 				ContentType: m.ContentType, Headers: m.Headers,
 			})
+			if err != nil && errors.Is(context.Cause(pubCtx), errAbandoned) {
+				err = fmt.Errorf("%w: %w", errAbandoned, err)
+			}
 			results[i].err = err
 			if err == nil && r.cfg.Hooks.AfterConfirm != nil {
 				r.cfg.Hooks.AfterConfirm(row)
@@ -350,6 +372,10 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 		}
 	}
 }
+
+// errAbandoned: a publish still unconfirmed DrainTimeout after Run's
+// context ended.
+var errAbandoned = errors.New("outbox relay: publish abandoned at shutdown (drain timeout)")
 
 type permanentErr string
 
@@ -382,10 +408,12 @@ func (r *Relay) failed(ctx context.Context, row Row, err error) {
 		reason = "too-large: " + err.Error()
 	case errors.Is(err, idemq.ErrInvalidHeaders):
 		reason = "invalid-headers: " + err.Error()
-	case errors.Is(err, idemq.ErrClosed):
-		// The publisher is closing: hand the row back untouched.
+	case errors.Is(err, idemq.ErrClosed), errors.Is(err, errAbandoned):
+		// The publisher is closing, or the relay stopping: hand the row
+		// back untouched.
+		r.log.Warn("outbox relay: row handed back unpublished", "row", row.ID, "message_id", row.Message.ID, "err", err)
 		r.settle(ctx, "release", func(c context.Context) error {
-			return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, 0, "relay publisher closed")
+			return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, 0, err.Error())
 		})
 		return
 	case row.Attempts >= r.cfg.MaxAttempts:

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,3 +111,57 @@ func TestRelayPendingAtShutdown(t *testing.T) {
 		t.Errorf("pending gauge after Run = %d, want 0 (a stopped relay reports no backlog)", got)
 	}
 }
+
+// With the broker unreachable, a relay told to stop returns within its
+// DrainTimeout, not after the whole PublishTimeout, and hands the rows in
+// flight back untouched (pending, not failed).
+func TestRelayStopsPromptlyWithBrokerUnreachable(t *testing.T) {
+	store, add := sqliteStore(t)
+	ctx := context.Background()
+	add(ctx, outbox.Message{ID: "u-1", RoutingKey: "nowhere", Body: []byte("1")})
+	dead := "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) + "/"
+	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: dead})
+	t.Cleanup(func() { _ = pub.Close() })
+	var rec idemq.Counters
+	publishing := make(chan struct{}, 1)
+	r := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: notify(pub, publishing), MaxAttempts: 1,
+		PublishTimeout: 10 * time.Minute, StatsInterval: time.Hour, Recorder: &rec})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	select {
+	case <-publishing:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the relay did not start publishing")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Run did not return within 60s of its context's end (it waits out the 10 min PublishTimeout)")
+	}
+	if n := rec.Get(outbox.CountRelayFailed); n != 0 {
+		t.Errorf("%d rows marked failed, want 0: a row abandoned at shutdown is handed back", n)
+	}
+	if got := r.Pending(); got != 1 {
+		t.Errorf("Pending() after Run = %d, want 1", got)
+	}
+}
+
+type notifySender struct {
+	s  idemq.Sender
+	ch chan<- struct{}
+}
+
+func (n notifySender) Publish(ctx context.Context, m idemq.Message) error {
+	select {
+	case n.ch <- struct{}{}:
+	default:
+	}
+	return n.s.Publish(ctx, m)
+}
+
+func notify(s idemq.Sender, ch chan<- struct{}) idemq.Sender { return notifySender{s, ch} }
