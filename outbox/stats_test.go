@@ -66,10 +66,16 @@ func TestRelayPendingRefreshedAfterBatch(t *testing.T) {
 	for _, id := range []string{"p-1", "p-2", "p-3", "p-4", "p-5", "p-6", "p-7"} {
 		add(ctx, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)})
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = pub.Close() })
 	var rec idemq.Counters
-	r := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, StatsInterval: time.Hour, Recorder: &rec})
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, StatsInterval: time.Hour, Recorder: &rec})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
@@ -91,11 +97,17 @@ func TestRelayPendingAtShutdown(t *testing.T) {
 	add(ctx,
 		outbox.Message{ID: "k-1", Exchange: testenv.Name(t, "no-such-exchange"), RoutingKey: q, OrderingKey: "k", Body: []byte("1")},
 		outbox.Message{ID: "k-2", RoutingKey: q, OrderingKey: "k", Body: []byte("2")})
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = pub.Close() })
 	var rec idemq.Counters
-	r := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Ordered: true, MaxAttempts: 1, PublishTimeout: 2 * time.Second,
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Ordered: true, MaxAttempts: 1, PublishTimeout: 2 * time.Second,
 		StatsInterval: time.Hour, Recorder: &rec})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
@@ -120,12 +132,18 @@ func TestRelayStopsPromptlyWithBrokerUnreachable(t *testing.T) {
 	ctx := context.Background()
 	add(ctx, outbox.Message{ID: "u-1", RoutingKey: "nowhere", Body: []byte("1")})
 	dead := "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) + "/"
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: dead})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: dead})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = pub.Close() })
 	var rec idemq.Counters
 	publishing := make(chan struct{}, 1)
-	r := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: notify(pub, publishing), MaxAttempts: 1,
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: notify(pub, publishing), MaxAttempts: 1,
 		PublishTimeout: 10 * time.Minute, StatsInterval: time.Hour, Recorder: &rec})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()

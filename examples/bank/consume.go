@@ -230,7 +230,10 @@ func consume(ctx context.Context, o consumeOpts) error {
 	if len(urls) > 0 {
 		amqpURL = ""
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: pubRecorder})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: pubRecorder})
+	if err != nil {
+		return err
+	}
 	defer pub.Close()
 
 	crash := func(point string) {
@@ -294,7 +297,10 @@ func consume(ctx context.Context, o consumeOpts) error {
 			return err
 		}
 		defer rc.Close()
-		store := redisstore.New(rc, redisstore.Config{})
+		store, err := redisstore.New(rc, redisstore.Config{})
+		if err != nil {
+			return err
+		}
 		var guarded dedup.Store = store
 		if m != nil {
 			guarded = m.Store("redis", store)
