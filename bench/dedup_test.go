@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/sqlstore"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/sqldb/postgres"
 )
 
@@ -136,7 +137,7 @@ func dedupCases() []struct {
 } {
 	redis := func(auto bool) func(b *testing.B) dedup.Store {
 		return func(b *testing.B) dedup.Store {
-			return redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: auto})
+			return redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: auto})
 		}
 	}
 	return []struct {
@@ -194,7 +195,7 @@ func BenchmarkRedisTuning(b *testing.B) {
 		{"redis-unbatched-autopipeline-w64", true, 1, consumerOpts{Workers: 64}},
 	} {
 		consumeCase(b, c.name, 0, func(b *testing.B, r *run) {
-			guardConsumeBatch(b, r, c.o, redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: c.auto}), c.maxBatch)
+			guardConsumeBatch(b, r, c.o, redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: c.auto}), c.maxBatch)
 		})
 	}
 }
