@@ -118,9 +118,15 @@ func runRetryChaos(t *testing.T, node *testenv.PrivateNode, rdb redis.UniversalC
 	plan := topology.ForQueue(q)
 	fast := backoff.Policy{Min: 50 * time.Millisecond, Max: time.Second}
 
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: node.URL, Logger: quiet(), Retry: fast})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: node.URL, Logger: quiet(), Retry: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { pub.Close() })
-	store := redisstore.New(rdb, redisstore.Config{})
+	store, err := redisstore.New(rdb, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	guard, err := dedup.NewGuard(dedup.Config{Store: store, Prefix: prefix, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
