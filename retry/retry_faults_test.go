@@ -78,7 +78,6 @@ func (e *effects) distinct() int {
 // that at-least-once dead-lettering (or an ack lost in the restart) hands
 // back suppressed by the dedup guard.
 func TestFaultDelayedRetriesThroughBrokerRestarts(t *testing.T) {
-	testenv.RequireAMQP(t) // the shared broker is never touched; this only checks the services are up in CI
 	rdb, prefix := testenv.Redis(t)
 	node := testenv.StartPrivateRabbit(t, testenv.RabbitNodeConfig{})
 	messages := envInt(t, envRetryMessages, 300)
