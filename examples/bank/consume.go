@@ -225,40 +225,11 @@ func consume(ctx context.Context, o consumeOpts) error {
 			select {} // never continue past a crash point
 		}
 	}
-	// effect applies a transfer in tx and records that it did (bank_applied
-	// is how the demo counts applications: it commits with the effect).
-	effect := func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
-		t, err := parseTransfer(d.Body)
-		if err != nil {
-			return idemq.Reject(idemq.ReasonUnparseable, err)
-		}
-		if _, err := tx.Exec(ctx, applySQL, t.Account, t.Amount); err != nil {
-			return fmt.Errorf("apply: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode) VALUES ($1, $2)`, d.MessageID, o.mode); err != nil {
-			return fmt.Errorf("record: %w", err)
-		}
+	effect := transferEffect(o.mode, func(context.Context) {
 		crash(crashInHandler)
 		o.freeze.hit()
-		return nil
-	}
-	// ownTx runs effect in a transaction of its own (modes none and dedup).
-	//
-	// Under the dedup guard the handler's context is cancelled when its
-	// lease is lost (a process frozen past its lease). The transaction
-	// checks the lease as its last statement and commits on a context
-	// the lease does not cancel: a COMMIT already sent when the process
-	// froze must not be reported as failed once it wakes up (pgx would
-	// abandon it with "context canceled" although it landed, and the
-	// guard would give the delivery back to be applied again).
-	ownTx := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		err := commitOwnTx(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
-		if err != nil {
-			return inbox.Classify(err) // a lost database is not the message's fault
-		}
-		crash(crashAfterCommit)
-		return nil
 	})
+	ownTx := ownTxHandler(pool, effect, func(context.Context) { crash(crashAfterCommit) })
 
 	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub}))
 	if err != nil {
@@ -321,6 +292,49 @@ func consume(ctx context.Context, o consumeOpts) error {
 		defer stopStats()
 	}
 	return c.Run(ctx)
+}
+
+// transferEffect is the bank's effect: it applies a transfer in tx and
+// records that it did (bank_applied is how the demo counts applications:
+// it commits with the effect). inHandler runs after the writes, before
+// the commit (the crash and freeze hooks; idemqtest.CrashPoint in the
+// kit's test).
+func transferEffect(mode string, inHandler func(context.Context)) func(context.Context, pgx.Tx, *idemq.Delivery) error {
+	return func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
+		t, err := parseTransfer(d.Body)
+		if err != nil {
+			return idemq.Reject(idemq.ReasonUnparseable, err)
+		}
+		if _, err := tx.Exec(ctx, applySQL, t.Account, t.Amount); err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode) VALUES ($1, $2)`, d.MessageID, mode); err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		inHandler(ctx)
+		return nil
+	}
+}
+
+// ownTxHandler runs effect in a transaction of its own (modes none and
+// dedup); afterCommit runs once it committed.
+//
+// Under the dedup guard the handler's context is cancelled when its
+// lease is lost (a process frozen past its lease). The transaction
+// checks the lease as its last statement and commits on a context
+// the lease does not cancel: a COMMIT already sent when the process
+// froze must not be reported as failed once it wakes up (pgx would
+// abandon it with "context canceled" although it landed, and the
+// guard would give the delivery back to be applied again).
+func ownTxHandler(pool *pgxpool.Pool, effect func(context.Context, pgx.Tx, *idemq.Delivery) error, afterCommit func(context.Context)) idemq.Handler {
+	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		err := commitOwnTx(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
+		if err != nil {
+			return inbox.Classify(err) // a lost database is not the message's fault
+		}
+		afterCommit(ctx)
+		return nil
+	})
 }
 
 // commitTimeout bounds a COMMIT, which runs on a context the handler's
