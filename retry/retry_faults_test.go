@@ -25,11 +25,11 @@ import (
 )
 
 // Sizes of TestFaultDelayedRetriesThroughBrokerRestarts. The defaults keep
-// it within about a minute and a half in the fault phase of make test;
+// it within about a minute in the fault phase of make test;
 // make chaos-retries sets larger ones through the environment.
 const (
 	envRetryMessages = "IDEMQ_FAULT_RETRY_MESSAGES"   // messages per work queue type (default 300)
-	envRetryRestarts = "IDEMQ_FAULT_RETRY_RESTARTS"   // broker restarts per work queue type (default 3)
+	envRetryRestarts = "IDEMQ_FAULT_RETRY_RESTARTS"   // broker restarts per work queue type (default 2)
 	envRetryTypes    = "IDEMQ_FAULT_RETRY_WORK_TYPES" // quorum (default), classic or all
 	// envRetryQueueType set to classic runs the same test over classic
 	// retry queues (at most once), to show what the test catches.
@@ -81,7 +81,7 @@ func TestFaultDelayedRetriesThroughBrokerRestarts(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	node := testenv.StartPrivateRabbit(t, testenv.RabbitNodeConfig{})
 	messages := envInt(t, envRetryMessages, 300)
-	restarts := envInt(t, envRetryRestarts, 3)
+	restarts := envInt(t, envRetryRestarts, 2)
 	types := []topology.QueueType{topology.Quorum}
 	if v := os.Getenv(envRetryTypes); v != "" {
 		types = nil
