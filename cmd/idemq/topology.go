@@ -65,6 +65,10 @@ The broker URL is --url, else IDEMQ_AMQP_URL, else the loopback default (guest o
 				return err
 			}
 			objs := describeTopology(top)
+			warnings := top.Warnings()
+			for _, w := range warnings {
+				fmt.Fprintf(cio.err, "warning: %s\n", w)
+			}
 			if !dryRun {
 				u := amqpURL(urlFlag)
 				conn, err := amqp.Dial(u)
@@ -81,7 +85,11 @@ The broker URL is --url, else IDEMQ_AMQP_URL, else the loopback default (guest o
 				}
 			}
 			if cio.json {
-				return cio.printJSON(map[string]any{"dry_run": dryRun, "objects": objs})
+				out := map[string]any{"dry_run": dryRun, "objects": objs}
+				if len(warnings) > 0 {
+					out["warnings"] = warnings
+				}
+				return cio.printJSON(out)
 			}
 			verb := "declared"
 			if dryRun {

@@ -129,3 +129,31 @@ func TestDescribeTopologyShowsRetryQueueType(t *testing.T) {
 		})
 	}
 }
+
+// TestTopologyApplyWarnsOfClassicRetryOnQuorum: the combination that loses
+// deliveries in a broker restart is declared (it may exist already) but
+// named on stderr and in the JSON output.
+func TestTopologyApplyWarnsOfClassicRetryOnQuorum(t *testing.T) {
+	file := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n    retry_type: classic\n")
+	out, errOut, err := runCLI(t, "", "topology", "apply", "-f", file, "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, `warning: queue "orders": classic retry queues with a quorum work queue`) {
+		t.Fatalf("no warning on stderr:\n%s", errOut)
+	}
+	if !strings.Contains(out, "would declare") {
+		t.Fatalf("declaration plan missing:\n%s", out)
+	}
+	js, _, err := runCLI(t, "", "topology", "apply", "-f", file, "--dry-run", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js, `"warnings"`) || !strings.Contains(js, "retry_type: quorum") {
+		t.Fatalf("JSON output has no warnings:\n%s", js)
+	}
+	quiet := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n")
+	if _, errOut, err := runCLI(t, "", "topology", "apply", "-f", quiet, "--dry-run"); err != nil || errOut != "" {
+		t.Fatalf("default retry type: err %v, stderr %q", err, errOut)
+	}
+}
