@@ -76,5 +76,12 @@
 // decision: [RequireAcked], [RequireDuplicate], [RequireDeadLettered],
 // [RequireRetried], [RequireRequeued].
 //
-// Not in the kit (yet): an in-memory broker the Consumer itself runs on.
+// # A broker in memory
+//
+// Subpackage fakemq is an in-memory RabbitMQ speaking AMQP 0-9-1 to
+// amqp091-go: pass its Broker.Dial as ConsumerConfig.Dial and
+// PublisherConfig.Dial and the Consumer itself — session, acker, retry
+// queues, dead-letter queue — runs in a unit test. Its package doc lists
+// what it models and what not; its comparison test runs the same
+// scenarios on it and on RabbitMQ.
 package idemqtest

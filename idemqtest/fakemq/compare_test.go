@@ -420,3 +420,9 @@ func TestSameAsRabbitMQ(t *testing.T) {
 		})
 	}
 }
+
+func fakemqNew(t *testing.T) *fakemq.Broker {
+	b := fakemq.New(fakemq.Config{})
+	t.Cleanup(b.Close)
+	return b
+}
