@@ -31,9 +31,9 @@ func fake(t *testing.T) target {
 	return target{name: "fake", url: "amqp://guest:guest@fake/", dial: b.Dial}
 }
 
-// real is the shared RabbitMQ (IDEMQ_AMQP_URL); missing, it fails the test
+// rabbit is the shared RabbitMQ (IDEMQ_AMQP_URL); missing, it fails the test
 // under CI=true and skips it elsewhere.
-func real(t *testing.T) target {
+func rabbit(t *testing.T) target {
 	return target{name: "rabbitmq", url: testenv.RequireAMQP(t), dial: amqp.DialConfig}
 }
 
@@ -397,7 +397,7 @@ func TestSameAsRabbitMQ(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			t.Parallel()
 			var got [2][]string
-			for i, mk := range []func(*testing.T) target{fake, real} {
+			for i, mk := range []func(*testing.T) target{fake, rabbit} {
 				tg := mk(t)
 				r := &rec{t: t}
 				sc.run(t, tg, r)

@@ -119,7 +119,7 @@ func retryNames(p topology.Plan) []string {
 // flags, same attempts, same dead letters.
 func TestConsumerSameVerdicts(t *testing.T) {
 	var got [2][]string
-	for i, mk := range []func(*testing.T) target{fake, real} {
+	for i, mk := range []func(*testing.T) target{fake, rabbit} {
 		tg := mk(t)
 		p := declarePlan(t, tg)
 		var r runs
