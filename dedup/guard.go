@@ -195,6 +195,9 @@ type Guard struct {
 	// BatchStore; nil otherwise.
 	claims    *coalesce.Batcher[ClaimRequest, ClaimReply]
 	completes *coalesce.Batcher[CompleteRequest, error]
+	// mixed groups claims and completes together when the store is a
+	// MixedBatchStore (claims and completes are nil then).
+	mixed *coalesce.Batcher[mixedReq, mixedReply]
 	// dup is what a duplicate returns: idemq.Duplicate of the store's
 	// layer (a store with a DuplicateLayer() string method names its own,
 	// the Bloom tier does), else idemq.LayerGuard.
@@ -214,7 +217,9 @@ func NewGuard(cfg Config) (*Guard, error) {
 	if l, ok := cfg.Store.(interface{ DuplicateLayer() string }); ok {
 		g.dup = idemq.Duplicate(l.DuplicateLayer())
 	}
-	if bs, ok := cfg.Store.(BatchStore); ok && cfg.MaxBatch > 1 {
+	if ms, ok := cfg.Store.(MixedBatchStore); ok && cfg.MaxBatch > 1 {
+		g.mixed = newMixedBatcher(ms, cfg)
+	} else if bs, ok := cfg.Store.(BatchStore); ok && cfg.MaxBatch > 1 {
 		bc := coalesce.Config{MaxBatch: cfg.MaxBatch, Timeout: cfg.StoreTimeout}
 		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
 			return ClaimReply{Err: &StoreError{Op: "claim", Err: err}}
@@ -228,6 +233,20 @@ func NewGuard(cfg Config) (*Guard, error) {
 
 // Config returns the effective configuration (defaults filled).
 func (g *Guard) Config() Config { return g.cfg }
+
+var _ idemq.WorkerHint = (*Guard)(nil)
+
+// SuggestWorkers implements [idemq.WorkerHint]: with a store that groups
+// calls ([BatchStore], grouping on), a message costs two round trips
+// shared by every delivery in flight, so the consumer's default Workers
+// becomes MaxBatch (the consumer caps it at its prefetch window); without
+// grouping, no opinion (0).
+func (g *Guard) SuggestWorkers(prefetch int) int {
+	if g.claims == nil && g.mixed == nil {
+		return 0
+	}
+	return min(g.cfg.MaxBatch, prefetch)
+}
 
 // Wrap returns next guarded (the [idemq.Layer] the Pipeline calls).
 func (g *Guard) Wrap(next idemq.Handler) idemq.Handler {
@@ -247,11 +266,15 @@ func (g *Guard) Middleware() idemq.Middleware { return g.Wrap }
 func (g *Guard) claim(ctx context.Context, key, token string) (Claim, error) {
 	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
 	defer cancel()
-	if g.claims == nil {
+	if g.claims == nil && g.mixed == nil {
 		return g.store.Claim(cctx, key, token, g.cfg.Lease)
 	}
 	if err := ctx.Err(); err != nil {
 		return Claim{}, &StoreError{Op: "claim", Err: err}
+	}
+	if g.mixed != nil {
+		r := g.mixed.Do(cctx, mixedReq{claim: ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease}})
+		return r.claim.Claim, r.claim.Err
 	}
 	r := g.claims.Do(cctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
 	return r.Claim, r.Err
@@ -262,6 +285,9 @@ func (g *Guard) claim(ctx context.Context, key, token string) (Claim, error) {
 func (g *Guard) completeOnce(ctx context.Context, key, token string) error {
 	sctx, cancel := g.storeCtx(ctx)
 	defer cancel()
+	if g.mixed != nil {
+		return g.mixed.Do(sctx, mixedReq{complete: true, done: CompleteRequest{Key: key, Token: token, Window: g.cfg.Window}}).err
+	}
 	if g.completes == nil {
 		return g.store.Complete(sctx, key, token, g.cfg.Window)
 	}

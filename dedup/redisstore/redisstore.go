@@ -59,10 +59,11 @@ type Store struct {
 }
 
 var (
-	_ dedup.Store         = (*Store)(nil)
-	_ dedup.BatchStore    = (*Store)(nil)
-	_ dedup.Inspector     = (*Store)(nil)
-	_ dedup.IdleForgetter = (*Store)(nil)
+	_ dedup.Store           = (*Store)(nil)
+	_ dedup.BatchStore      = (*Store)(nil)
+	_ dedup.MixedBatchStore = (*Store)(nil)
+	_ dedup.Inspector       = (*Store)(nil)
+	_ dedup.IdleForgetter   = (*Store)(nil)
 )
 
 // New returns a store on client.
@@ -205,15 +206,62 @@ func msDuration(d time.Duration) time.Duration { return time.Duration(ms(d)) * t
 // ClaimBatch implements [dedup.BatchStore]: one pipeline of SET NX for all
 // the keys, then one pipeline of claim scripts for the keys that existed.
 func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
-	out := make([]dedup.ClaimReply, len(reqs))
+	claims, _ := s.Batch(ctx, reqs, nil)
+	return claims
+}
+
+// Batch implements [dedup.MixedBatchStore]: one pipeline holds a SET NX per
+// claim and a complete script per complete; a second one runs the claim
+// script for the claimed keys that existed (a duplicate, a lease held
+// elsewhere), and, the first time, the complete scripts Redis did not have
+// cached. A claim on a key that a complete of the same call is on goes as
+// the claim script (EVAL) in the first pipeline, before the completes, so
+// claims are answered first as the contract says. With WaitReplicas the
+// completes follow in their own pipeline, with their WAIT.
+func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, completes []dedup.CompleteRequest) ([]dedup.ClaimReply, []error) {
+	if s.cfg.WaitReplicas > 0 && len(completes) > 0 {
+		out, _ := s.Batch(ctx, claims, nil)
+		return out, s.CompleteBatch(ctx, completes)
+	}
+	out := make([]dedup.ClaimReply, len(claims))
+	var done []error
+	var completing map[string]bool
+	if len(completes) > 0 && len(claims) > 0 {
+		completing = make(map[string]bool, len(completes))
+		for _, r := range completes {
+			completing[r.Key] = true
+		}
+	}
+	var scripted map[int]*redis.Cmd // claims sent as the script
 	pipe := s.raw.Pipeline()
-	setnx := make([]*redis.BoolCmd, len(reqs))
-	for i, r := range reqs {
+	setnx := make([]*redis.BoolCmd, len(claims))
+	for i, r := range claims {
 		if err := s.prepare(ctx, "claim", r.Key); err != nil {
 			out[i].Err = err
 			continue
 		}
+		if completing[r.Key] {
+			if scripted == nil {
+				scripted = make(map[int]*redis.Cmd)
+			}
+			scripted[i] = claimScript.Eval(ctx, pipe, []string{s.RedisKey(r.Key)}, r.Token, ms(r.Lease))
+			continue
+		}
 		setnx[i] = pipe.SetNX(ctx, s.RedisKey(r.Key), "p:"+r.Token, msDuration(r.Lease))
+	}
+	var cidx []int
+	var ccmds []*redis.Cmd
+	if completes != nil {
+		done = make([]error, len(completes))
+		for i, r := range completes {
+			if err := s.prepare(ctx, "complete", r.Key); err != nil {
+				done[i] = err
+				continue
+			}
+			cidx = append(cidx, i)
+			keys, a := completeArgs(s, r)
+			ccmds = append(ccmds, completeScript.EvalSha(ctx, pipe, keys, a...))
+		}
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command
@@ -233,11 +281,39 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 			exists = append(exists, i)
 		}
 	}
+	for i, c := range scripted {
+		vals, err := c.Int64Slice()
+		if err != nil {
+			out[i].Err = storeErr("claim", err)
+			continue
+		}
+		out[i].Claim, out[i].Err = claimResult(vals)
+	}
+	// Completes whose script was not cached yet: again, as EVAL.
+	var missing []int
+	for j, c := range ccmds {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			missing = append(missing, j)
+		}
+	}
+	if len(exists) == 0 && len(missing) == 0 {
+		s.completeResults(done, cidx, ccmds)
+		return out, done
+	}
+	pipe = s.raw.Pipeline()
+	for _, j := range missing {
+		keys, a := completeArgs(s, completes[cidx[j]])
+		ccmds[j] = completeScript.Eval(ctx, pipe, keys, a...)
+	}
+	if len(missing) > 0 {
+		_, _ = pipe.Exec(ctx)
+	}
+	s.completeResults(done, cidx, ccmds)
 	if len(exists) == 0 {
-		return out
+		return out, done
 	}
 	cmds := redisscript.Pipelined(ctx, s.raw, claimScript, len(exists), func(j int) ([]string, []any) {
-		r := reqs[exists[j]]
+		r := claims[exists[j]]
 		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(r.Lease)}
 	})
 	for j, i := range exists {
@@ -248,7 +324,26 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 		}
 		out[i].Claim, out[i].Err = claimResult(vals)
 	}
-	return out
+	return out, done
+}
+
+// completeArgs are the keys and arguments of the complete script for r.
+func completeArgs(s *Store, r dedup.CompleteRequest) ([]string, []any) {
+	return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
+}
+
+// completeResults reads the replies of the complete scripts cmds (of the
+// completes at positions idx) into out.
+func (s *Store) completeResults(out []error, idx []int, cmds []*redis.Cmd) {
+	for j, i := range idx {
+		n, err := cmds[j].Int64()
+		switch {
+		case err != nil:
+			out[i] = storeErr("complete", err)
+		case n != 1:
+			out[i] = dedup.ErrLeaseLost
+		}
+	}
 }
 
 // CompleteBatch implements [dedup.BatchStore]: one pipeline of complete
