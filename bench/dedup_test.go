@@ -18,7 +18,6 @@ import (
 	"github.com/idemq/idemq/sqldb/postgres"
 )
 
-
 func noop() idemq.Handler {
 	return idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })
 }

@@ -54,6 +54,9 @@ type Store struct {
 	client redis.UniversalClient // single calls (the autopipeliner if asked for)
 	raw    redis.UniversalClient // explicit pipelines of the batch calls
 	cfg    Config
+	// oneScript: batches go as one batchScript call (a single-node
+	// client: keys of different hash slots may share a script).
+	oneScript bool
 
 	waitShort atomic.Int64 // Completes whose WAIT saw fewer replicas than WaitReplicas
 }
@@ -72,6 +75,11 @@ func New(client redis.UniversalClient, cfg Config) *Store {
 		cfg.WaitTimeout = 100 * time.Millisecond
 	}
 	s := &Store{client: client, raw: client, cfg: cfg}
+	switch client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+	default:
+		s.oneScript = true
+	}
 	if cfg.AutoPipeline {
 		if ap, err := client.AutoPipeline(); err == nil {
 			s.client = ap
@@ -118,6 +126,58 @@ if not v then
   redis.call('SET', KEYS[1], 'd', 'PX', ARGV[2])
 end
 return 0
+`)
+
+// batchScript answers a whole batch in one script call: KEYS are the
+// claims' keys, then the completes' keys; ARGV[1] is the number of claims,
+// then a token and a lease (ms) per claim, then a token and a window (ms)
+// per complete. Each claim and complete does what Claim (SET NX, then the
+// claim script) and the complete script do, claims first, in order. The
+// reply is a code and a PTTL per claim (1 acquired, 2 in flight, 3 done),
+// then 1 or 0 per complete. One script call instead of a command per key
+// spares Redis the per-command (and per-script) overhead and the client a
+// reply per key. Keys of one call may be in different hash slots, so it is
+// used with single-node clients only (not Cluster, not Ring).
+var batchScript = redis.NewScript(`
+local nc = tonumber(ARGV[1])
+local out = {}
+local a = 2
+for i = 1, nc do
+  local k, mine, lease = KEYS[i], 'p:' .. ARGV[a], ARGV[a + 1]
+  a = a + 2
+  if redis.call('SET', k, mine, 'NX', 'PX', lease) then
+    out[#out + 1] = 1
+    out[#out + 1] = 0
+  else
+    local v = redis.call('GET', k)
+    if not v or v == mine then
+      redis.call('SET', k, mine, 'PX', lease)
+      out[#out + 1] = 1
+      out[#out + 1] = 0
+    elseif v == 'd' then
+      out[#out + 1] = 3
+      out[#out + 1] = 0
+    else
+      out[#out + 1] = 2
+      out[#out + 1] = redis.call('PTTL', k)
+    end
+  end
+end
+for i = nc + 1, #KEYS do
+  local k = KEYS[i]
+  local v = redis.call('GET', k)
+  if v == 'p:' .. ARGV[a] then
+    redis.call('SET', k, 'd', 'PX', ARGV[a + 1])
+    out[#out + 1] = 1
+  else
+    if not v then
+      redis.call('SET', k, 'd', 'PX', ARGV[a + 1])
+    end
+    out[#out + 1] = 0
+  end
+  a = a + 2
+end
+return out
 `)
 
 var releaseScript = redis.NewScript(`
@@ -223,6 +283,9 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 		out, _ := s.Batch(ctx, claims, nil)
 		return out, s.CompleteBatch(ctx, completes)
 	}
+	if s.oneScript {
+		return s.batchOneScript(ctx, claims, completes)
+	}
 	out := make([]dedup.ClaimReply, len(claims))
 	var done []error
 	var completing map[string]bool
@@ -327,6 +390,63 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 	return out, done
 }
 
+// batchOneScript is Batch as one call of batchScript.
+func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest, completes []dedup.CompleteRequest) ([]dedup.ClaimReply, []error) {
+	out := make([]dedup.ClaimReply, len(claims))
+	var done []error
+	if len(completes) > 0 {
+		done = make([]error, len(completes))
+	}
+	keys := make([]string, 0, len(claims)+len(completes))
+	args := make([]any, 1, 1+2*(len(claims)+len(completes)))
+	var ci, di []int
+	for i, r := range claims {
+		if err := s.prepare(ctx, "claim", r.Key); err != nil {
+			out[i].Err = err
+			continue
+		}
+		ci = append(ci, i)
+		keys = append(keys, s.RedisKey(r.Key))
+		args = append(args, r.Token, ms(r.Lease))
+	}
+	args[0] = len(ci)
+	for i, r := range completes {
+		if err := s.prepare(ctx, "complete", r.Key); err != nil {
+			done[i] = err
+			continue
+		}
+		di = append(di, i)
+		keys = append(keys, s.RedisKey(r.Key))
+		args = append(args, r.Token, ms(max(r.Window, time.Millisecond)))
+	}
+	if len(keys) == 0 {
+		return out, done
+	}
+	cmd := redisscript.Pipelined(ctx, s.raw, batchScript, 1, func(int) ([]string, []any) { return keys, args })[0]
+	vals, err := cmd.Int64Slice()
+	if err == nil && len(vals) != 2*len(ci)+len(di) {
+		err = fmt.Errorf("unexpected batch script reply of %d values for %d claims and %d completes", len(vals), len(ci), len(di))
+	}
+	if err != nil {
+		for _, i := range ci {
+			out[i].Err = storeErr("claim", err)
+		}
+		for _, i := range di {
+			done[i] = storeErr("complete", err)
+		}
+		return out, done
+	}
+	for j, i := range ci {
+		out[i].Claim, out[i].Err = claimResult(vals[2*j : 2*j+2])
+	}
+	for j, i := range di {
+		if vals[2*len(ci)+j] != 1 {
+			done[i] = dedup.ErrLeaseLost
+		}
+	}
+	return out, done
+}
+
 // completeArgs are the keys and arguments of the complete script for r.
 func completeArgs(s *Store, r dedup.CompleteRequest) ([]string, []any) {
 	return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
@@ -349,6 +469,10 @@ func (s *Store) completeResults(out []error, idx []int, cmds []*redis.Cmd) {
 // CompleteBatch implements [dedup.BatchStore]: one pipeline of complete
 // scripts.
 func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
+	if s.oneScript && s.cfg.WaitReplicas <= 0 {
+		_, done := s.batchOneScript(ctx, nil, reqs)
+		return done
+	}
 	out := make([]error, len(reqs))
 	var idx []int
 	for i, r := range reqs {

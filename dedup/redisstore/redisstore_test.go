@@ -16,12 +16,20 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	for _, auto := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "autopipeline"}[auto], func(t *testing.T) {
+	for _, v := range []struct {
+		name         string
+		auto, perKey bool
+	}{{"plain", false, false}, {"autopipeline", true, false}, {"per-key-batches", false, true}} {
+		auto := v.auto
+		t.Run(v.name, func(t *testing.T) {
 			storetest.Run(t, storetest.Suite{
 				New: func(t *testing.T) dedup.Store {
 					c, prefix := testenv.Redis(t)
-					return redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
+					st := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
+					if v.perKey {
+						st = redisstore.PerKeyBatches(st)
+					}
+					return st
 				},
 				Broken: func(t *testing.T) dedup.Store {
 					// A client pointed at a port nobody listens on.
