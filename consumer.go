@@ -63,7 +63,7 @@ type ConsumerConfig struct {
 	// Workers is the number of handler goroutines. Default 4, or what
 	// Pipeline.Guard suggests when it implements [WorkerHint] (the dedup
 	// guard on a store that groups calls, the Redis store: enough workers
-	// for its round trips to be shared, min(Prefetch, its MaxBatch)).
+	// for its round trips to be shared: 64 with the guard's defaults).
 	Workers int
 	// AckBatch is the number of acks coalesced into one multiple-ack.
 	// Default 50; 1 acks each delivery on its own.

@@ -483,10 +483,11 @@ func TestConsumerWorkersDefaultFollowsTheGuard(t *testing.T) {
 	}{
 		{"no guard", nil, 0, 0, 0, 4, false},
 		{"guard, store without batches", plain, 0, 0, 0, 4, true},
-		{"guard, batching store", batching, 0, 0, 0, 128, true},
+		{"guard, batching store", batching, 0, 0, 0, 64, true},
 		{"guard, batching store, grouping off", batching, 1, 0, 0, 4, true},
 		{"capped by the prefetch window", batching, 0, 0, 50, 50, true},
-		{"MaxBatch 32", batching, 32, 0, 0, 32, true},
+		{"MaxBatch 32", batching, 32, 0, 0, 16, true},
+		{"MaxBatch 2", batching, 2, 0, 0, 4, true},
 		{"Workers set wins", batching, 0, 8, 0, 8, true},
 	}
 	for _, tc := range tests {
