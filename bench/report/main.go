@@ -453,17 +453,20 @@ const reading = `- The RabbitMQ queue process is the ceiling (about one of the 2
   every 50: coalesced acks spare the broker one ack frame per message.
 - A dedup store adds two store calls per new message (claim, complete) and
   one per duplicate. The memory store costs microseconds. With Redis the
-  guard groups the calls of its concurrent workers (dedup.BatchStore, group
-  commit without a timer): one pipeline of SET NX PX for the claims of many
-  deliveries, one of complete scripts, so the consumer's CPU per message is
-  about half what it was with one round trip per call (the -unbatched rows,
-  and the RedisTuning/redis-unbatched-w64 row without auto-pipelining).
-  What is left is CPU, not round trips: the consumer process is busy about
-  a quarter of the time; RabbitMQ (a full core) and Redis share the other
-  core and a half, so dedup rows sit between 0.8× and 1.3× raw ack-each
-  from run to run, and go-redis auto-pipelining of single calls lands in
-  the same band. The p50/p99 columns are the time a delivery spends in
-  idemq outside the handler, including waiting for a worker and for Redis.
+  guard groups the calls of its concurrent workers (group commit without a
+  timer), and claims of new deliveries share their batch with completes of
+  finished ones (dedup.MixedBatchStore): on a single-node client a batch is
+  one EVALSHA of a script that does every SET NX / complete of the batch,
+  so Redis pays one script call per batch instead of a command (or a
+  script) per key, and go-redis reads one reply. With Pipeline.Guard set
+  and Workers unset the consumer runs the guard's suggestion, 64 workers
+  (Dedup/idemq-dedup-redis is that default; RedisTuning varies it, and
+  redis-two-round-trips keeps claims and completes in batches of their
+  own). Recipe rows: a raw amqp091-go consumer doing SET NX then ack on
+  one goroutine, what blog posts show — one Redis round trip per message,
+  no lease (a crash between the SET and the effect loses the message). The
+  p50/p99 columns are the time a delivery spends in idemq outside the
+  handler, including waiting for a worker and for Redis.
 - The Bloom tier's single-script store (redisbloom-store) batches the same
   way; its Lua is heavier than the exact store's SET (Redis commandstats:
   ~26 µs per EVALSHA) but it writes ~45× less memory per remembered ID, and

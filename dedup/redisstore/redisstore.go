@@ -263,14 +263,18 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 // sends PX, as the scripts do.
 func msDuration(d time.Duration) time.Duration { return time.Duration(ms(d)) * time.Millisecond }
 
-// ClaimBatch implements [dedup.BatchStore]: one pipeline of SET NX for all
-// the keys, then one pipeline of claim scripts for the keys that existed.
+// ClaimBatch implements [dedup.BatchStore]: as [Store.Batch] without
+// completes (one script call on a single-node client; on Cluster and Ring
+// one pipeline of SET NX, then one of claim scripts for the keys that
+// existed).
 func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
 	claims, _ := s.Batch(ctx, reqs, nil)
 	return claims
 }
 
-// Batch implements [dedup.MixedBatchStore]: one pipeline holds a SET NX per
+// Batch implements [dedup.MixedBatchStore]. On a single-node client it is
+// one call of batchScript. On Cluster and Ring (keys of a batch are in
+// different slots): one pipeline holds a SET NX per
 // claim and a complete script per complete; a second one runs the claim
 // script for the claimed keys that existed (a duplicate, a lease held
 // elsewhere), and, the first time, the complete scripts Redis did not have
@@ -466,8 +470,9 @@ func (s *Store) completeResults(out []error, idx []int, cmds []*redis.Cmd) {
 	}
 }
 
-// CompleteBatch implements [dedup.BatchStore]: one pipeline of complete
-// scripts.
+// CompleteBatch implements [dedup.BatchStore]: one script call on a
+// single-node client, one pipeline of complete scripts on Cluster and
+// Ring, or with WaitReplicas (then followed by the WAIT).
 func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
 	if s.oneScript && s.cfg.WaitReplicas <= 0 {
 		_, done := s.batchOneScript(ctx, nil, reqs)
