@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -134,7 +135,9 @@ return 0
 // per complete. Each claim and complete does what Claim (SET NX, then the
 // claim script) and the complete script do, claims first, in order. The
 // reply is a code and a PTTL per claim (1 acquired, 2 in flight, 3 done),
-// then 1 or 0 per complete. One script call instead of a command per key
+// then 1 or 0 per complete. A key that holds another type (GET answers
+// WRONGTYPE) fails its own request only: claim code 4, complete -1. One
+// script call instead of a command per key
 // spares Redis the per-command (and per-script) overhead and the client a
 // reply per key. Keys of one call may be in different hash slots, so it is
 // used with single-node clients only (not Cluster, not Ring).
@@ -142,6 +145,13 @@ var batchScript = redis.NewScript(`
 local nc = tonumber(ARGV[1])
 local out = {}
 local a = 2
+local function get(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    return nil, true
+  end
+  return v, false
+end
 for i = 1, nc do
   local k, mine, lease = KEYS[i], 'p:' .. ARGV[a], ARGV[a + 1]
   a = a + 2
@@ -149,8 +159,11 @@ for i = 1, nc do
     out[#out + 1] = 1
     out[#out + 1] = 0
   else
-    local v = redis.call('GET', k)
-    if not v or v == mine then
+    local v, bad = get(k)
+    if bad then
+      out[#out + 1] = 4
+      out[#out + 1] = 0
+    elseif not v or v == mine then
       redis.call('SET', k, mine, 'PX', lease)
       out[#out + 1] = 1
       out[#out + 1] = 0
@@ -165,8 +178,10 @@ for i = 1, nc do
 end
 for i = nc + 1, #KEYS do
   local k = KEYS[i]
-  local v = redis.call('GET', k)
-  if v == 'p:' .. ARGV[a] then
+  local v, bad = get(k)
+  if bad then
+    out[#out + 1] = -1
+  elseif v == 'p:' .. ARGV[a] then
     redis.call('SET', k, 'd', 'PX', ARGV[a + 1])
     out[#out + 1] = 1
   else
@@ -226,6 +241,10 @@ func ms(d time.Duration) int64 {
 	}
 	return int64(n)
 }
+
+// errNotRecord: a key of the batch holds a value of another type (not a
+// dedup record); only its own request fails.
+var errNotRecord = errors.New("redisstore: not a dedup record")
 
 func storeErr(op string, err error) error { return &dedup.StoreError{Op: op, Err: err} }
 
@@ -441,10 +460,18 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 		return out, done
 	}
 	for j, i := range ci {
+		if vals[2*j] == 4 {
+			out[i].Err = storeErr("claim", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[j]))
+			continue
+		}
 		out[i].Claim, out[i].Err = claimResult(vals[2*j : 2*j+2])
 	}
 	for j, i := range di {
-		if vals[2*len(ci)+j] != 1 {
+		switch vals[2*len(ci)+j] {
+		case 1:
+		case -1:
+			done[i] = storeErr("complete", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[len(ci)+j]))
+		default:
 			done[i] = dedup.ErrLeaseLost
 		}
 	}
