@@ -123,6 +123,8 @@ type consumerOpts struct {
 	Prefetch int
 	// Guard goes in Pipeline.Guard, as the README puts it.
 	Guard idemq.Layer
+	// BatchesInFlight is the dedup guard's (0: its default).
+	BatchesInFlight int
 	// Metrics, when set, gets the consumer's outcomes and durations
 	// (metrics.Consumer, teed with the in-memory counters).
 	Metrics *metrics.Metrics

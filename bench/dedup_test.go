@@ -98,7 +98,7 @@ func guardConsume(b *testing.B, r *run, o consumerOpts, store dedup.Store) *idem
 func guardConsumeBatch(b *testing.B, r *run, o consumerOpts, store dedup.Store, maxBatch int) *idemq.Counters {
 	prefix := fmt.Sprintf("idemq-bench-%d", time.Now().UnixNano())
 	guard, err := dedup.NewGuard(dedup.Config{
-		Store: store, Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch,
+		Store: store, Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch, BatchesInFlight: o.BatchesInFlight,
 		// A duplicate that overtakes its original (only in tiny smoke runs,
 		// where the gap is one message) comes back soon, not after the lease.
 		InFlightRetryAfter: 5 * time.Millisecond,
@@ -241,6 +241,8 @@ func BenchmarkRedisTuning(b *testing.B) {
 		{"redis-w64-prefetch500", false, 0, consumerOpts{Workers: 64, Prefetch: 500}},
 		{"redis-w128-prefetch500", false, 0, consumerOpts{Workers: 128, Prefetch: 500}},
 		{"redis-two-round-trips", false, 0, consumerOpts{}},
+		{"redis-2-batches-in-flight", false, 0, consumerOpts{BatchesInFlight: 2}},
+		{"redis-w128-2-batches-in-flight", false, 0, consumerOpts{Workers: 128, BatchesInFlight: 2}},
 		{"redis-unbatched-w64", false, 1, consumerOpts{Workers: 64}},
 		{"redis-unbatched-autopipeline-w64", true, 1, consumerOpts{Workers: 64}},
 	} {

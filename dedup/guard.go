@@ -84,6 +84,10 @@ type Config struct {
 	// together next, so there is no added wait. Default 128; 1 turns
 	// grouping off (one round trip per call).
 	MaxBatch int
+	// BatchesInFlight bounds how many grouped batches may be waiting for
+	// the store at once. Default 1 (group commit: calls made while a
+	// batch is in flight leave together next).
+	BatchesInFlight int
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -113,6 +117,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 128
+	}
+	if c.BatchesInFlight <= 0 {
+		c.BatchesInFlight = 1
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -220,7 +227,7 @@ func NewGuard(cfg Config) (*Guard, error) {
 	if ms, ok := cfg.Store.(MixedBatchStore); ok && cfg.MaxBatch > 1 {
 		g.mixed = newMixedBatcher(ms, cfg)
 	} else if bs, ok := cfg.Store.(BatchStore); ok && cfg.MaxBatch > 1 {
-		bc := coalesce.Config{MaxBatch: cfg.MaxBatch, Timeout: cfg.StoreTimeout}
+		bc := coalesce.Config{MaxBatch: cfg.MaxBatch, MaxInFlight: cfg.BatchesInFlight, Timeout: cfg.StoreTimeout}
 		g.claims = coalesce.New(bs.ClaimBatch, func(err error) ClaimReply {
 			return ClaimReply{Err: &StoreError{Op: "claim", Err: err}}
 		}, bc)

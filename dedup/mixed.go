@@ -62,5 +62,5 @@ func newMixedBatcher(ms MixedBatchStore, cfg Config) *coalesce.Batcher[mixedReq,
 	fail := func(err error) mixedReply {
 		return mixedReply{claim: ClaimReply{Err: &StoreError{Op: "claim", Err: err}}, err: &StoreError{Op: "complete", Err: err}}
 	}
-	return coalesce.New(fn, fail, coalesce.Config{MaxBatch: cfg.MaxBatch, Timeout: cfg.StoreTimeout})
+	return coalesce.New(fn, fail, coalesce.Config{MaxBatch: cfg.MaxBatch, MaxInFlight: cfg.BatchesInFlight, Timeout: cfg.StoreTimeout})
 }
