@@ -89,8 +89,11 @@ func TestFaultClusterLeaderKill(t *testing.T) {
 
 	const n = 2000
 	var pubRec idemq.Counters
-	p := idemq.NewPublisher(idemq.PublisherConfig{URLs: cl.AMQPURLs, Setup: declare, Logger: quietLogger(), Recorder: &pubRec,
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URLs: cl.AMQPURLs, Setup: declare, Logger: quietLogger(), Recorder: &pubRec,
 		Retry: backoffFast(), Heartbeat: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	publish := func(from, to int) error {
 		sem := make(chan struct{}, 32)

@@ -96,7 +96,10 @@ func consumerTimeoutScenario(t *testing.T, url string, layer idemq.Middleware,
 	apply func(ctx context.Context, d *idemq.Delivery) error, applied func() int64) {
 	q := topology.Queue{Name: testenv.Name(t, "q"), RetryDelays: []time.Duration{200 * time.Millisecond}}
 	setup := func(ctx context.Context, ch *amqp.Channel) error { return topology.DeclareQueue(ctx, ch, q) }
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Setup: setup, Logger: quietLogger()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Setup: setup, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { pub.Close() })
 
 	var logs logBuffer

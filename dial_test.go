@@ -91,7 +91,10 @@ func TestDialErrorsDoNotShowThePassword(t *testing.T) {
 				}
 			}
 
-			p := idemq.NewPublisher(idemq.PublisherConfig{URL: u, Logger: log, MaxAttempts: 2, Retry: backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}})
+			p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: u, Logger: log, MaxAttempts: 2, Retry: backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer p.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

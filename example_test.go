@@ -33,7 +33,10 @@ func ExampleConsumer() {
 	defer testenv.DeleteQueue(queue)
 	setup := declareQueue(queue)
 
-	p := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup}) // URL: $IDEMQ_AMQP_URL, else amqp://guest:guest@localhost:5672/
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup}) // URL: $IDEMQ_AMQP_URL, else amqp://guest:guest@localhost:5672/
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
 	defer cancel()
@@ -86,11 +89,14 @@ func ExampleConsumer() {
 // An unroutable message is an error, never a silent drop: publishes are
 // mandatory and confirmed.
 func ExamplePublisher() {
-	p := idemq.NewPublisher(idemq.PublisherConfig{})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := p.Publish(ctx, idemq.Message{ID: "order-1001", RoutingKey: "no-such-queue-" + idemq.NewMessageID(), Body: []byte(`{}`)})
+	err = p.Publish(ctx, idemq.Message{ID: "order-1001", RoutingKey: "no-such-queue-" + idemq.NewMessageID(), Body: []byte(`{}`)})
 	fmt.Println(errors.Is(err, idemq.ErrUnroutable))
 	err = p.Publish(ctx, idemq.Message{RoutingKey: "orders", Body: []byte(`{}`)})
 	fmt.Println(err)

@@ -55,10 +55,13 @@ func TestFailoverToTheNodeThatAnswers(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		urls := []string{deadURL(t, "x"), live, deadURL(t, "y")}
 		var pd urlRecorder
-		p := idemq.NewPublisher(idemq.PublisherConfig{URLs: urls, Dial: pd.dial, Logger: quietLogger(),
+		p, err := idemq.NewPublisher(idemq.PublisherConfig{URLs: urls, Dial: pd.dial, Logger: quietLogger(),
 			MaxAttempts: 1, Retry: backoff.Policy{Min: time.Hour}})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := p.Publish(ctx, idemq.Message{ID: fmt.Sprintf("m-%d", round), RoutingKey: queue, Body: []byte("x")})
+		err = p.Publish(ctx, idemq.Message{ID: fmt.Sprintf("m-%d", round), RoutingKey: queue, Body: []byte("x")})
 		cancel()
 		p.Close()
 		if err != nil {
@@ -92,12 +95,15 @@ func TestFailoverAllDownNamesEachURL(t *testing.T) {
 	const secret = "Pl4nted-S3cret"
 	urls := []string{deadURL(t, secret), deadURL(t, secret), deadURL(t, secret)}
 	var logs lockedBuffer
-	p := idemq.NewPublisher(idemq.PublisherConfig{URLs: urls, MaxAttempts: 2, Logger: logger(&logs),
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URLs: urls, MaxAttempts: 2, Logger: logger(&logs),
 		Retry: backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := p.Publish(ctx, idemq.Message{ID: "m-1", RoutingKey: "q", Body: []byte("x")})
+	err = p.Publish(ctx, idemq.Message{ID: "m-1", RoutingKey: "q", Body: []byte("x")})
 	if err == nil {
 		t.Fatal("publish with every broker down succeeded")
 	}
@@ -144,12 +150,15 @@ func TestNackedPublishRetriesOnANewConnection(t *testing.T) {
 	queue := testenv.Queue(t, amqp.Table{"x-max-length": int64(0), "x-overflow": "reject-publish"})
 	var d urlRecorder
 	var rec idemq.Counters
-	p := idemq.NewPublisher(idemq.PublisherConfig{Dial: d.dial, MaxAttempts: 3, Recorder: &rec, Logger: quietLogger(),
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Dial: d.dial, MaxAttempts: 3, Recorder: &rec, Logger: quietLogger(),
 		Retry: backoff.Policy{Min: time.Millisecond, Max: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := p.Publish(ctx, idemq.Message{ID: "m-1", RoutingKey: queue, Body: []byte("x")})
+	err = p.Publish(ctx, idemq.Message{ID: "m-1", RoutingKey: queue, Body: []byte("x")})
 	if !errors.Is(err, idemq.ErrNacked) {
 		t.Fatalf("publish to a full reject-publish queue: %v, want ErrNacked", err)
 	}

@@ -47,7 +47,10 @@ func TestFaultBrokerRestart(t *testing.T) {
 	}
 	t.Cleanup(func() { testenv.DeleteQueue(queue) })
 	var rec idemq.Counters
-	p := idemq.NewPublisher(idemq.PublisherConfig{Setup: declare, Logger: quietLogger(), Recorder: &rec, Retry: backoffFast()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: declare, Logger: quietLogger(), Recorder: &rec, Retry: backoffFast()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

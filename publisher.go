@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/redact"
 )
 
 // PublisherConfig configures a [Publisher]. The zero value is usable.
@@ -73,35 +74,70 @@ type Publisher struct {
 	closed bool
 }
 
-// NewPublisher returns a publisher. It connects on first use.
-func NewPublisher(cfg PublisherConfig) *Publisher {
-	if cfg.URL == "" && len(cfg.URLs) == 0 {
-		cfg.URL = URLFromEnv()
+// Validate reports a configuration [NewPublisher] refuses: a broker URL
+// that does not parse (matching [ErrInvalidURL]), or a negative bound.
+func (c PublisherConfig) Validate() error {
+	for _, u := range append([]string{c.URL}, c.URLs...) {
+		if u == "" {
+			continue
+		}
+		if _, err := amqp.ParseURI(u); err != nil {
+			return fmt.Errorf("%w %s: want amqp[s]://user:password@host:port/vhost[?params]", ErrInvalidURL, redact.URL(u))
+		}
 	}
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 4096
+	switch {
+	case c.MaxInFlight < 0:
+		return fmt.Errorf("idemq: PublisherConfig.MaxInFlight %d is negative", c.MaxInFlight)
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("idemq: PublisherConfig.MaxAttempts %d is negative", c.MaxAttempts)
+	case c.Heartbeat < 0:
+		return fmt.Errorf("idemq: PublisherConfig.Heartbeat %v is negative", c.Heartbeat)
 	}
-	if cfg.Retry.Min <= 0 {
-		cfg.Retry.Min = 50 * time.Millisecond
+	return nil
+}
+
+// withDefaults fills the documented defaults.
+func (c PublisherConfig) withDefaults() PublisherConfig {
+	if c.URL == "" && len(c.URLs) == 0 {
+		c.URL = URLFromEnv()
 	}
-	if cfg.Retry.Max <= 0 {
-		cfg.Retry.Max = 5 * time.Second
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 4096
 	}
-	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = 10 * time.Second
+	if c.Retry.Min <= 0 {
+		c.Retry.Min = 50 * time.Millisecond
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	if c.Retry.Max <= 0 {
+		c.Retry.Max = 5 * time.Second
 	}
-	if cfg.Dial == nil {
-		cfg.Dial = amqp.DialConfig
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Dial == nil {
+		c.Dial = amqp.DialConfig
+	}
+	return c
+}
+
+// NewPublisher validates cfg ([PublisherConfig.Validate]), fills its
+// defaults and returns a publisher. It connects on first use.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil { // IDEMQ_AMQP_URL, filled in by the defaults
+		return nil, err
 	}
 	rec := cfg.Recorder
 	if rec == nil {
 		rec = nopRecorder{}
 	}
 	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight),
-		brokers: newBrokers(cfg.URL, cfg.URLs)}
+		brokers: newBrokers(cfg.URL, cfg.URLs)}, nil
 }
 
 // Publish sends msg and returns once the broker has confirmed it. A nack or

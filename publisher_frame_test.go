@@ -106,8 +106,11 @@ func TestPublishHeadersNearFrameMax(t *testing.T) {
 	queue := testenv.Queue(t, nil)
 	var rec idemq.Counters
 	dial := &recordingDial{}
-	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec, Dial: dial.dial,
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec, Dial: dial.dial,
 		Retry: backoffFast()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 
 	publish := func(id string, pad int, timeout time.Duration) error {
@@ -200,8 +203,11 @@ func TestPublishShortStringOverflowFailsAtOnce(t *testing.T) {
 	queue := testenv.Queue(t, nil)
 	var rec idemq.Counters
 	dial := &recordingDial{}
-	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec, Dial: dial.dial,
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec, Dial: dial.dial,
 		Retry: backoffFast()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	long := strings.Repeat("k", 256)
 	cases := []struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,9 +17,12 @@ import (
 )
 
 func TestPublishRequiresAnID(t *testing.T) {
-	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
-	err := p.Publish(context.Background(), idemq.Message{RoutingKey: "x"})
+	err = p.Publish(context.Background(), idemq.Message{RoutingKey: "x"})
 	if !errors.Is(err, idemq.ErrMissingMessageID) {
 		t.Fatalf("err = %v, want ErrMissingMessageID", err)
 	}
@@ -40,7 +44,10 @@ func TestPublishRequiresAnID(t *testing.T) {
 func TestPublishConfirmedAndPersistent(t *testing.T) {
 	testenv.RequireAMQP(t)
 	queue := testenv.Queue(t, nil)
-	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -63,7 +70,10 @@ func TestPublishConfirmedAndPersistent(t *testing.T) {
 
 func TestPublishUnroutableIsAnError(t *testing.T) {
 	testenv.RequireAMQP(t)
-	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -105,8 +115,11 @@ func TestPublisherSurvivesConnectionCuts(t *testing.T) {
 	proxy, url := testenv.AMQPProxy(t)
 	queue := testenv.Queue(t, nil)
 	var rec idemq.Counters
-	p := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLogger(), Recorder: &rec,
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLogger(), Recorder: &rec,
 		Retry: backoffFast()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -175,12 +188,15 @@ func sumDup(m map[string]int) int {
 
 func TestPublishHonoursContext(t *testing.T) {
 	// A broker that never answers: a listener that accepts and says nothing.
-	p := idemq.NewPublisher(idemq.PublisherConfig{URL: "amqp://guest:guest@127.0.0.1:1/", Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: "amqp://guest:guest@127.0.0.1:1/", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err := p.Publish(ctx, idemq.Message{ID: "x", RoutingKey: "q"})
+	err = p.Publish(ctx, idemq.Message{ID: "x", RoutingKey: "q"})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want a deadline error", err)
 	}
@@ -201,7 +217,10 @@ func TestPublishReturnMatchedToItsOwnPublish(t *testing.T) {
 	queue := testenv.Queue(t, nil)
 	nowhere := testenv.Name(t, "nowhere")
 	var rec idemq.Counters
-	p := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -280,5 +299,38 @@ func TestPublishReturnMatchedToItsOwnPublish(t *testing.T) {
 	}
 	if n := rec.Get(idemq.CountReconnects); n != 0 {
 		t.Fatalf("reconnects = %d, want 0", n)
+	}
+}
+
+// NewPublisher refuses a configuration it cannot run with, at once: a
+// broker URL that does not parse (without its password in the error), or
+// a negative bound.
+func TestNewPublisherValidates(t *testing.T) {
+	tests := []struct {
+		name   string
+		cfg    idemq.PublisherConfig
+		wantIs error
+	}{
+		{"invalid URL", idemq.PublisherConfig{URL: "amqp://guest:s3cret/x@[::1"}, idemq.ErrInvalidURL},
+		{"invalid URL in the list", idemq.PublisherConfig{URLs: []string{"amqp://127.0.0.1:5672/", "http://x:s3cret@h"}}, idemq.ErrInvalidURL},
+		{"negative MaxInFlight", idemq.PublisherConfig{MaxInFlight: -1}, nil},
+		{"negative MaxAttempts", idemq.PublisherConfig{MaxAttempts: -1}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := idemq.NewPublisher(tt.cfg)
+			if err == nil || p != nil {
+				t.Fatalf("NewPublisher = %v, %v; want an error", p, err)
+			}
+			if tt.wantIs != nil && !errors.Is(err, tt.wantIs) {
+				t.Fatalf("err = %v, want it to match %v", err, tt.wantIs)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("err = %v: it shows the password", err)
+			}
+		})
+	}
+	if _, err := idemq.NewPublisher(idemq.PublisherConfig{}); err != nil {
+		t.Fatalf("the zero config: %v, want it usable", err)
 	}
 }

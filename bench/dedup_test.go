@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/sqlstore"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/sqldb/postgres"
 )
 
@@ -137,7 +138,7 @@ func dedupCases() []struct {
 } {
 	redis := func(auto bool) func(b *testing.B) dedup.Store {
 		return func(b *testing.B) dedup.Store {
-			return redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: auto})
+			return redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: auto})
 		}
 	}
 	return []struct {
@@ -247,7 +248,7 @@ func BenchmarkRedisTuning(b *testing.B) {
 		{"redis-unbatched-autopipeline-w64", true, 1, consumerOpts{Workers: 64}},
 	} {
 		consumeCase(b, c.name, 0, func(b *testing.B, r *run) {
-			var st dedup.Store = redisstore.New(redisClient(b), redisstore.Config{AutoPipeline: c.auto})
+			var st dedup.Store = redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: c.auto})
 			if c.name == "redis-two-round-trips" {
 				// Claims and completes grouped apart, as before the
 				// store's mixed batches: two round trips per message.

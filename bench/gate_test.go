@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/gate"
+	"github.com/idemq/idemq/internal/redistest"
 )
 
 // gateCase measures one forwarder: a queue pre-filled with b.N messages is
@@ -122,7 +123,7 @@ func runGate(b *testing.B, r *run, out string, workers int) {
 		URL:     amqpURL(),
 		Ingress: r.Queue,
 		Routes:  []gate.Route{{RoutingKey: out}},
-		Store:   redisstore.New(redisClient(b), redisstore.Config{}),
+		Store:   redistest.Store(b, redisClient(b), redisstore.Config{}),
 		Prefix:  fmt.Sprintf("idemq-bench-gate-%d", time.Now().UnixNano()),
 		// A duplicate that overtakes its original (tiny smoke runs only)
 		// waits at most this lease.

@@ -117,9 +117,12 @@ func rawPublish(b *testing.B, ch *amqp.Channel, queue string, body []byte, n, wi
 // connects with one publish before the measurement.
 func idemqPublisher(concurrency int) func(b *testing.B, queue string, body []byte) func(n int) {
 	return func(b *testing.B, queue string, body []byte) func(n int) {
-		pub := idemq.NewPublisher(idemq.PublisherConfig{
+		pub, err := idemq.NewPublisher(idemq.PublisherConfig{
 			URL: amqpURL(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
+		if err != nil {
+			b.Fatal(err)
+		}
 		b.Cleanup(func() { pub.Close() })
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

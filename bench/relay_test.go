@@ -50,9 +50,15 @@ func outboxStore(b *testing.B, name string) (*outbox.SQLStore, *sql.DB, string) 
 // and publisher) until the case ends.
 func startRelay(b *testing.B, dsn string, cfg outbox.RelayConfig) {
 	s, db := openOutbox(b, dsn)
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL(), Logger: quiet()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL(), Logger: quiet()})
+	if err != nil {
+		b.Fatal(err)
+	}
 	cfg.Store, cfg.Publisher, cfg.Logger = s, pub, quiet()
-	r := outbox.NewRelay(cfg)
+	r, err := outbox.NewRelay(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = r.Run(ctx); close(done) }()

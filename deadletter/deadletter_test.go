@@ -106,7 +106,10 @@ func TestReplayCopiesOfAFailedDeadLetterStay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pub.Close()
 	res, err := c.Replay(ctx, deadletter.ReplayOptions{DLQ: p.DLQ, Publisher: pub})
 	if !errors.Is(err, deadletter.ErrNotReplayed) || len(res.Replayed) != 1 || len(res.Duplicates) != 1 || len(res.Failed) != 1 || res.DuplicatesLeft != 1 {

@@ -143,7 +143,10 @@ func TestGroupReplayArchivePurge(t *testing.T) {
 		t.Fatalf("patterns %v", byPattern)
 	}
 
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLog()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pub.Close()
 	c, err := deadletter.Open(url)
 	if err != nil {

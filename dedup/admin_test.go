@@ -15,7 +15,10 @@ import (
 // refused (and left as it was) unless forced; an absent key is no error.
 func TestForgetKey(t *testing.T) {
 	client, prefix := testenv.Redis(t)
-	store := redisstore.New(client, redisstore.Config{})
+	store, err := redisstore.New(client, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	done := dedup.Key(prefix, "billing", "done-1")
 	busy := dedup.Key(prefix, "billing", "busy-1")

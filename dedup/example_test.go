@@ -40,10 +40,16 @@ func ExampleGuard() {
 	setup := topology.SetupFunc(topology.Topology{Queues: []topology.Queue{q}})
 	defer deleteQueues(q)
 	// pub: the publisher the policy republishes retries and dead letters with.
-	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pub.Close()
 
-	store := redisstore.New(rdb, redisstore.Config{})                         // or dedup.NewMemory, or a SQL store
+	store, err := redisstore.New(rdb, redisstore.Config{}) // or dedup.NewMemory, or a SQL store
+	if err != nil {
+		log.Fatal(err)
+	}
 	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub})) // delays, then the DLQ
 	if err != nil {
 		log.Fatal(err)

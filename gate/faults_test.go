@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/gate"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -54,7 +55,7 @@ func TestHelperGateProcess(t *testing.T) {
 		URL:     os.Getenv(envGateURL),
 		Ingress: os.Getenv(envGateIngress),
 		Routes:  []gate.Route{{Exchange: os.Getenv(envGateExchange), RoutingKey: "out"}},
-		Store:   redisstore.New(rdb, redisstore.Config{KeyPrefix: os.Getenv(envGatePrefix) + ":"}),
+		Store:   redistest.Store(t, rdb, redisstore.Config{KeyPrefix: os.Getenv(envGatePrefix) + ":"}),
 		Lease:   faultLease,
 		Workers: faultWorkers,
 		Logger:  quiet(),

@@ -90,7 +90,11 @@ func New(cfg Config) (*Gate, error) {
 			return nil, fmt.Errorf("%w: Redis URL %s: %v", ErrInvalidConfig, redact.URL(cfg.RedisURL), redact.Scrub(err.Error(), redact.Secrets(cfg.RedisURL)))
 		}
 		rdb := redis.NewClient(opt)
-		g.store = redisstore.New(rdb, redisstore.Config{KeyPrefix: cfg.RedisKeyPrefix})
+		g.store, err = redisstore.New(rdb, redisstore.Config{KeyPrefix: cfg.RedisKeyPrefix})
+		if err != nil {
+			_ = rdb.Close()
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
 		g.closeSt = func() { _ = rdb.Close() }
 	}
 	rec := idemq.Recorder(g.counters)
@@ -112,7 +116,11 @@ func New(cfg Config) (*Gate, error) {
 	// headers); retry.Policy sends them. With no retry delays it never
 	// parks a message in a delay queue: a deferral (another gate holds the
 	// ID, the store is down) waits in place, unchanged.
-	g.dlq = idemq.NewPublisher(idemq.PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, Dial: cfg.Dial, Recorder: rec})
+	g.dlq, err = idemq.NewPublisher(idemq.PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, Dial: cfg.Dial, Recorder: rec})
+	if err != nil {
+		g.closeSt()
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	dlq := cfg.DeadLetterQueue
 	if dlq == "-" {
 		dlq = ""

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/gate"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/topology"
 )
@@ -35,7 +36,7 @@ func newRig(t *testing.T) *rig {
 		exchange: testenv.Name(t, "x"),
 		out:      testenv.Name(t, "out"),
 		prefix:   prefix,
-		store:    redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"}),
+		store:    redistest.Store(t, rdb, redisstore.Config{KeyPrefix: prefix + ":"}),
 	}
 	r.dlq = r.ingress + ".dlq"
 	ch := testenv.Channel(t)

@@ -64,7 +64,10 @@ func (e *exampleEnv) consume(ctx context.Context, ids []string, handler idemq.Ha
 		_, err := ch.QueueDeclare(e.queue, true, false, false, false, nil)
 		return err
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pub.Close()
 	for _, id := range ids {
 		if err := pub.Publish(ctx, idemq.Message{ID: id, RoutingKey: e.queue, Body: []byte("10")}); err != nil {

@@ -9,7 +9,7 @@
 //	rec := m.Consumer("orders", "billing")           // an idemq.Observer
 //	c, _ := idemq.NewConsumer(idemq.ConsumerConfig{Queue: "orders", Group: "billing", Recorder: rec, ...})
 //	rec.Watch(c)                                     // breaker state, readiness
-//	pub := idemq.NewPublisher(idemq.PublisherConfig{Recorder: m.Publisher("orders")})
+//	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Recorder: m.Publisher("orders")})
 //	store := m.Store("redis", redisStore)            // dedup store latency and errors by op
 //	m.Bloom("orders", filter)                        // fill and estimated FP rate, read at scrape
 //	http.ListenAndServe(addr, metrics.NewHealth(metrics.HealthConfig{Gatherer: m.Gatherer(),

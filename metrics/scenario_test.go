@@ -49,7 +49,10 @@ func runScenario(t *testing.T, m *metrics.Metrics, good, resends, bad int) *scen
 	}
 	t.Cleanup(func() { testenv.DeleteQueue(s.dlq) })
 
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Recorder: m.Publisher("retry"), Logger: quiet()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Recorder: m.Publisher("retry"), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = pub.Close() })
 	policy, err := retry.New(retry.Config{Sender: pub, QuickAttempts: 1, MaxAttempts: 1,
 		DeadLetterQueue: func(string) string { return s.dlq }})

@@ -109,10 +109,16 @@ func TestPgxTxAndNotify(t *testing.T) {
 		}
 	}
 
-	pub := idemq.NewPublisher(idemq.PublisherConfig{})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pub.Close()
-	r := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub,
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub,
 		PollInterval: time.Minute, MaxPollInterval: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()

@@ -18,7 +18,7 @@
 //	_ = store.Add(ctx, postgres.PgxTx(tx), outbox.Message{ID: "order-42-created", RoutingKey: "orders", Body: b})
 //	_ = tx.Commit(ctx)
 //
-//	relay := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: idemq.NewPublisher(...)})
+//	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub}) // pub: an *idemq.Publisher
 //	err := relay.Run(ctx) // until ctx is done; drains the batch in flight
 //
 // # Claiming: a lease, not a held lock

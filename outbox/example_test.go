@@ -71,9 +71,15 @@ func ExampleSQLStore_Add() {
 		_, err := ch.QueueDeclare(queue, true, false, false, false, nil)
 		return err
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: declare})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: declare})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pub.Close()
-	relay := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		log.Fatal(err)
+	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- relay.Run(relayCtx) }()

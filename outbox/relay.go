@@ -130,8 +130,32 @@ type nopRecorder struct{}
 
 func (nopRecorder) Add(string, int64) {}
 
-// NewRelay returns a relay; it does nothing until Run.
-func NewRelay(cfg RelayConfig) *Relay {
+// Validate reports a configuration [NewRelay] refuses: no Store or
+// Publisher, a negative setting, or a PublishTimeout not below Lease (a
+// row would be claimed again while its publish may still land).
+func (c RelayConfig) Validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("outbox: RelayConfig.Store is required")
+	case c.Publisher == nil:
+		return errors.New("outbox: RelayConfig.Publisher is required")
+	case c.BatchSize < 0, c.Concurrency < 0, c.MaxAttempts < 0, c.PurgeBatch < 0:
+		return fmt.Errorf("outbox: RelayConfig: negative BatchSize %d, Concurrency %d, MaxAttempts %d or PurgeBatch %d",
+			c.BatchSize, c.Concurrency, c.MaxAttempts, c.PurgeBatch)
+	case c.Lease < 0, c.PublishTimeout < 0, c.PollInterval < 0, c.MaxPollInterval < 0, c.PurgeInterval < 0, c.StatsInterval < 0:
+		return errors.New("outbox: RelayConfig: negative Lease, PublishTimeout, PollInterval, MaxPollInterval, PurgeInterval or StatsInterval")
+	case c.Lease > 0 && c.PublishTimeout >= c.Lease:
+		return fmt.Errorf("outbox: RelayConfig.PublishTimeout %v must be below Lease %v", c.PublishTimeout, c.Lease)
+	}
+	return nil
+}
+
+// NewRelay validates cfg ([RelayConfig.Validate]), fills its defaults and
+// returns a relay; it does nothing until Run.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.Owner == "" {
 		host, _ := os.Hostname()
 		var b [3]byte
@@ -187,7 +211,7 @@ func NewRelay(cfg RelayConfig) *Relay {
 	if rec == nil {
 		rec = nopRecorder{}
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1)}
+	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1)}, nil
 }
 
 // Owner is the relay's lease owner name.

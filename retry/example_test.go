@@ -30,7 +30,10 @@ func ExamplePolicy() {
 	q := topology.Queue{Name: "orders-" + run, RetryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}}
 	setup := topology.SetupFunc(topology.Topology{Queues: []topology.Queue{q}})
 	defer deleteQueues(q)
-	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pub.Close()
 	// New refuses at startup what could never be republished (a delay
 	// without its retry queue, a dead-letter queue the topology does not

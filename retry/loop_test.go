@@ -164,7 +164,10 @@ func TestDeletedDLQRejectsInsteadOfLooping(t *testing.T) {
 func TestDeadLetterTransientPublishFailureKeepsTheDelivery(t *testing.T) {
 	p := declare(t, topology.Queue{NoRetry: true})
 	proxy, url := testenv.AMQPProxy(t)
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { pub.Close() })
 	proxy.Pause()
 	var c calls

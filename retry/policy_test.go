@@ -46,7 +46,10 @@ func declare(t *testing.T, q topology.Queue) topology.Plan {
 
 func publisher(t *testing.T) *idemq.Publisher {
 	t.Helper()
-	p := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Logger: quiet()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { p.Close() })
 	return p
 }

@@ -40,7 +40,10 @@ func TestTraceAcrossOutboxPublishConsume(t *testing.T) {
 		t.Fatalf("outbox row headers carry no traceparent: %v", row.Headers)
 	}
 
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = pub.Close() })
 	send := tracing.Sender(pub, tp)
 	// The relay publishes the row on a context of its own (no span).
@@ -138,7 +141,10 @@ func TestRetriedDeliverySharesTrace(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	url := testenv.RequireAMQP(t)
 	q := testenv.Queue(t, nil)
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = pub.Close() })
 	pctx, root := tp.Tracer("test").Start(context.Background(), "request")
 	if err := tracing.Sender(pub, tp).Publish(pctx, idemq.Message{ID: "retry-1", RoutingKey: q, Body: []byte("x")}); err != nil {

@@ -139,7 +139,10 @@ func runConsole(cmd *cobra.Command, f consoleFlags) (err error) {
 		secrets = append(secrets, redact.Secrets(u)...)
 		client := redis.NewClient(opt)
 		defer client.Close()
-		cfg.Keys = redisstore.New(client, redisstore.Config{KeyPrefix: f.redisKeyPrefix})
+		cfg.Keys, err = redisstore.New(client, redisstore.Config{KeyPrefix: f.redisKeyPrefix})
+		if err != nil {
+			return err
+		}
 	}
 	if !f.noDB {
 		d, err := resolveDB(f.db, f.dialect, os.Getenv)

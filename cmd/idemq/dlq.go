@@ -382,7 +382,10 @@ failure policy gave them; they are left in place (reported as failed) unless
 				return err
 			}
 			if !dryRun {
-				pub := idemq.NewPublisher(idemq.PublisherConfig{URL: u, MaxAttempts: 5, Logger: cio.log})
+				pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: u, MaxAttempts: 5, Logger: cio.log})
+				if err != nil {
+					return err
+				}
 				defer pub.Close()
 				opts.Publisher = pub
 			}

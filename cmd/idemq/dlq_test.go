@@ -51,7 +51,10 @@ func TestDLQRoundTrip(t *testing.T) {
 	url := testenv.RequireAMQP(t)
 	q := topology.Queue{Name: testenv.Name(t, "q"), RetryDelays: []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}}
 	p := declareQueue(t, q)
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pub.Close()
 
 	var fixed atomic.Bool

@@ -171,7 +171,12 @@ func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.St
 			return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(redisURL(f.redisURL)), err)
 		}
 		rdb := redis.NewClient(opt)
-		return redisstore.New(rdb, redisstore.Config{KeyPrefix: f.redisKeyPrefix}), func() { rdb.Close() }, nil
+		st, err := redisstore.New(rdb, redisstore.Config{KeyPrefix: f.redisKeyPrefix})
+		if err != nil {
+			rdb.Close()
+			return nil, nil, err
+		}
+		return st, func() { rdb.Close() }, nil
 	case "postgres", "mysql", "sqlite":
 		if err := needDB(); err != nil {
 			return nil, nil, err

@@ -65,7 +65,12 @@ func openInspector(f *keysFlags) (keyStore, func(), error) {
 		return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(u), err)
 	}
 	client := redis.NewClient(opt)
-	return redisstore.New(client, redisstore.Config{KeyPrefix: f.redisKeyPrefix}), func() { client.Close() }, nil
+	st, err := redisstore.New(client, redisstore.Config{KeyPrefix: f.redisKeyPrefix})
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return st, func() { client.Close() }, nil
 }
 
 func (f *keysFlags) key(id string) (string, error) {

@@ -16,7 +16,10 @@ import (
 // would run); it shows state, owner and TTL and asks for --force.
 func TestKeysForgetRefusesLiveLease(t *testing.T) {
 	client, prefix := testenv.Redis(t)
-	store := redisstore.New(client, redisstore.Config{})
+	store, err := redisstore.New(client, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	busy := dedup.Key(prefix, "billing", "order-2")
 	if _, err := store.Claim(ctx, busy, "tok-live", time.Minute); err != nil {

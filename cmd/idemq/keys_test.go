@@ -18,7 +18,10 @@ import (
 
 func TestKeysGetForget(t *testing.T) {
 	client, prefix := testenv.Redis(t)
-	store := redisstore.New(client, redisstore.Config{})
+	store, err := redisstore.New(client, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	done := dedup.Key(prefix, "billing", "order-1")
 	busy := dedup.Key(prefix, "billing", "order-2")

@@ -312,14 +312,20 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 		}
 		defer stop()
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log, Recorder: pubRec})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpU, Logger: log, Recorder: pubRec})
+	if err != nil {
+		return err
+	}
 	defer pub.Close()
-	relay := outbox.NewRelay(outbox.RelayConfig{
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
 		Store: store, Publisher: pub, BatchSize: f.batch, Concurrency: f.concurrency, Lease: f.lease, PublishTimeout: f.publishTimeout,
 		PollInterval: f.poll, MaxPollInterval: f.maxPoll, DisableNotify: f.noNotify, Ordered: f.ordered,
 		MaxAttempts: f.maxAttempts, Retention: f.retention, PurgeInterval: f.purgeInterval,
 		StatsInterval: f.statsInterval, Recorder: rec, Logger: log,
 	})
+	if err != nil {
+		return err
+	}
 	log.Info("idemq relay starting", "dialect", d.dialect, "db", d.redacted(), "amqp", redactURL(amqpU),
 		"table", f.table, "owner", relay.Owner())
 

@@ -115,7 +115,10 @@ func TestFaultTLS(t *testing.T) {
 			t.Error("consumer did not stop within a minute")
 		}
 	}()
-	p := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpsURL, Setup: declare, Logger: quiet})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpsURL, Setup: declare, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer p.Close()
 	const n = 50
 	for i := 0; i < n; i++ {
@@ -208,7 +211,10 @@ func TestFaultTLS(t *testing.T) {
 		_, err := amqp.DialConfig(srv.AMQPURL(wrong), amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
 		wantRefused(t, "amqp091-go dial", err)
 		// The publisher's error, when its context ends while it retries.
-		pub := idemq.NewPublisher(idemq.PublisherConfig{URL: srv.AMQPURL(wrong), Logger: quiet})
+		pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: srv.AMQPURL(wrong), Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer pub.Close()
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 		defer pcancel()

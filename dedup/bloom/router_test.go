@@ -145,7 +145,10 @@ func retryPolicy(t *testing.T, cfg retry.Config) *retry.Policy {
 
 func newPublisher(t *testing.T) *idemq.Publisher {
 	t.Helper()
-	p := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Logger: quietLog()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
@@ -259,7 +262,10 @@ func TestVerifierResolvesFalsePositivesEndToEnd(t *testing.T) {
 	testenv.RequireAMQP(t)
 	queue := testenv.Queue(t, nil)
 	c, prefix := testenv.Redis(t)
-	truth := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+	truth, err := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	store, err := bloom.NewStore(bloom.StoreConfig{Leases: dedup.NewMemory(dedup.MemoryConfig{}), Filter: tinyFilter(t, "local"),
 		Verifier: bloom.RecordOfTruth(truth), Logger: quietLog()})
 	if err != nil {

@@ -209,7 +209,10 @@ func TestStoreUnavailable(t *testing.T) {
 		r := testenv.StartPrivateRedis(t, false)
 		rdb := r.Client()
 		t.Cleanup(func() { rdb.Close() })
-		store := redisstore.New(rdb, redisstore.Config{})
+		store, err := redisstore.New(rdb, redisstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		r.Kill()
 
 		queue := testenv.Queue(t, nil)
@@ -249,7 +252,10 @@ func TestStoreUnavailable(t *testing.T) {
 		r := testenv.StartPrivateRedis(t, false)
 		rdb := r.Client()
 		t.Cleanup(func() { rdb.Close() })
-		store := redisstore.New(rdb, redisstore.Config{})
+		store, err := redisstore.New(rdb, redisstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		r.Kill()
 
 		queue := testenv.Queue(t, nil)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -36,8 +37,8 @@ const (
 // freezeLease is short, so a freeze past it takes a couple of seconds.
 const freezeLease = 2 * time.Second
 
-func freezeGuard(rdb redis.UniversalClient, prefix string) (*redisstore.Store, *dedup.Guard) {
-	st := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"})
+func freezeGuard(t *testing.T, rdb redis.UniversalClient, prefix string) (*redisstore.Store, *dedup.Guard) {
+	st := redistest.Store(t, rdb, redisstore.Config{KeyPrefix: prefix + ":"})
 	return st, mustGuard(st, dedup.Config{Lease: freezeLease, Logger: quiet()})
 }
 
@@ -56,7 +57,7 @@ func TestHelperFrozenConsumerProcess(t *testing.T) {
 	}
 	rdb := redis.NewClient(opt)
 	prefix := os.Getenv(envPrefix)
-	_, guard := freezeGuard(rdb, prefix)
+	_, guard := freezeGuard(t, rdb, prefix)
 	outcome := func(s string) {
 		if err := os.WriteFile(os.Getenv(envOutcome), []byte(s), 0o644); err != nil {
 			t.Error(err)
@@ -172,7 +173,7 @@ func frozenPastLease(t *testing.T, mode string) {
 		return err == nil
 	})
 
-	store, guard := freezeGuard(rdb, prefix)
+	store, guard := freezeGuard(t, rdb, prefix)
 	key := dedup.Key("idemq", "freeze", "transfer-1")
 	held, ok, err := store.Get(context.Background(), key)
 	if err != nil || !ok || held.State != dedup.StateProcessing {

@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -31,7 +32,7 @@ var storeKinds = []storeKind{
 	{"memory", func(t *testing.T) dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) }},
 	{"redis", func(t *testing.T) dedup.Store {
 		c, prefix := testenv.Redis(t)
-		return redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+		return redistest.Store(t, c, redisstore.Config{KeyPrefix: prefix + ":"})
 	}},
 }
 

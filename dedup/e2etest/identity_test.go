@@ -171,7 +171,10 @@ func newIdentityFixture(t *testing.T, layer string) *identityFixture {
 
 	switch layer {
 	case "guard":
-		st := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"})
+		st, err := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"})
+		if err != nil {
+			t.Fatal(err)
+		}
 		f.guard, f.handler = guardOver(st), plain
 		f.check = func(t *testing.T, id string, notIDs []string, cnt *idemq.Counters) {
 			ctx := context.Background()
@@ -192,7 +195,10 @@ func newIdentityFixture(t *testing.T, layer string) *identityFixture {
 			}
 		}
 	case "bloom":
-		truth := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+		truth, err := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+		if err != nil {
+			t.Fatal(err)
+		}
 		st := bloomStore(bloom.RecordOfTruth(truth))
 		f.guard, f.handler = guardOver(st), plain
 		f.check = func(t *testing.T, id string, notIDs []string, cnt *idemq.Counters) {

@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -27,8 +28,8 @@ const (
 
 const killLease = 3 * time.Second
 
-func killGuard(rdb redis.UniversalClient, prefix string) (*redisstore.Store, *dedup.Guard) {
-	st := redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"})
+func killGuard(t *testing.T, rdb redis.UniversalClient, prefix string) (*redisstore.Store, *dedup.Guard) {
+	st := redistest.Store(t, rdb, redisstore.Config{KeyPrefix: prefix + ":"})
 	return st, mustGuard(st, dedup.Config{Lease: killLease, Logger: quiet()})
 }
 
@@ -45,7 +46,7 @@ func TestHelperConsumerProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(opt)
-	_, guard := killGuard(rdb, os.Getenv(envPrefix))
+	_, guard := killGuard(t, rdb, os.Getenv(envPrefix))
 	c, err := newConsumer(idemq.ConsumerConfig{
 		Queue: os.Getenv(envQueue), Group: "kill", Pipeline: idemq.Pipeline{Guard: guard},
 	}, idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
@@ -92,7 +93,7 @@ func TestConsumerKilledMidHandler(t *testing.T) {
 		return err == nil
 	})
 
-	store, guard := killGuard(rdb, prefix)
+	store, guard := killGuard(t, rdb, prefix)
 	key := dedup.Key("idemq", "kill", "transfer-1")
 	held, ok, err := store.Get(context.Background(), key)
 	if err != nil || !ok || held.State != dedup.StateProcessing {

@@ -26,7 +26,10 @@ func TestFaultSentinelFailover(t *testing.T) {
 		t.Run(fmt.Sprintf("wait%d", waitReplicas), func(t *testing.T) {
 			cl := testenv.StartCluster(t, testenv.ClusterConfig{Redis: true})
 			rdb := cl.FailoverClient()
-			st := redisstore.New(rdb, redisstore.Config{KeyPrefix: testenv.Name(t, "t") + ":", WaitReplicas: waitReplicas})
+			st, err := redisstore.New(rdb, redisstore.Config{KeyPrefix: testenv.Name(t, "t") + ":", WaitReplicas: waitReplicas})
+			if err != nil {
+				t.Fatal(err)
+			}
 			queue := testenv.Queue(t, nil)
 			tr := newTracker()
 			var recs [2]idemq.Counters

@@ -70,8 +70,27 @@ var (
 	_ dedup.IdleForgetter   = (*Store)(nil)
 )
 
-// New returns a store on client.
-func New(client redis.UniversalClient, cfg Config) *Store {
+// ErrNoClient is returned by [New] without a Redis client.
+var ErrNoClient = errors.New("redisstore: a Redis client is required")
+
+// Validate reports a configuration [New] refuses: a negative WaitReplicas
+// or WaitTimeout.
+func (c Config) Validate() error {
+	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
+		return fmt.Errorf("redisstore: negative WaitReplicas %d or WaitTimeout %v", c.WaitReplicas, c.WaitTimeout)
+	}
+	return nil
+}
+
+// New validates cfg and returns a store on client (any go-redis v9
+// client: single node, Sentinel failover, Cluster).
+func New(client redis.UniversalClient, cfg Config) (*Store, error) {
+	if client == nil {
+		return nil, ErrNoClient
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.WaitReplicas > 0 && cfg.WaitTimeout <= 0 {
 		cfg.WaitTimeout = 100 * time.Millisecond
 	}
@@ -86,7 +105,7 @@ func New(client redis.UniversalClient, cfg Config) *Store {
 			s.client = ap
 		}
 	}
-	return s
+	return s, nil
 }
 
 // RedisKey is the Redis key that holds the record of a guard key.

@@ -12,6 +12,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/storetest"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -25,7 +26,7 @@ func TestConformance(t *testing.T) {
 			storetest.Run(t, storetest.Suite{
 				New: func(t *testing.T) dedup.Store {
 					c, prefix := testenv.Redis(t)
-					st := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
+					st := redistest.Store(t, c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
 					if v.perKey {
 						st = redisstore.PerKeyBatches(st)
 					}
@@ -35,7 +36,7 @@ func TestConformance(t *testing.T) {
 					// A client pointed at a port nobody listens on.
 					c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), MaxRetries: -1, DialTimeout: time.Second})
 					t.Cleanup(func() { c.Close() })
-					return redisstore.New(c, redisstore.Config{AutoPipeline: auto})
+					return redistest.Store(t, c, redisstore.Config{AutoPipeline: auto})
 				},
 				Features: storetest.Features{Batch: true, Parallel: true},
 			})
@@ -48,8 +49,11 @@ func TestClosedClientIsAStoreError(t *testing.T) {
 	opt := c.(*redis.Client).Options()
 	closed := redis.NewClient(opt)
 	closed.Close()
-	st := redisstore.New(closed, redisstore.Config{KeyPrefix: prefix + ":"})
-	_, err := st.Claim(context.Background(), "k", "t", time.Minute)
+	st, err := redisstore.New(closed, redisstore.Config{KeyPrefix: prefix + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Claim(context.Background(), "k", "t", time.Minute)
 	var se *dedup.StoreError
 	if !errors.As(err, &se) {
 		t.Fatalf("Claim on a closed client: %v, want a *dedup.StoreError", err)
@@ -60,7 +64,10 @@ func TestClosedClientIsAStoreError(t *testing.T) {
 // the Inspector reads it back.
 func TestKeyLayoutAndInspector(t *testing.T) {
 	c, prefix := testenv.Redis(t)
-	st := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+	st, err := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	key := dedup.Key("idemq", "billing", "order-42")
 	rk := prefix + ":{idemq:billing:order-42}"
@@ -113,7 +120,10 @@ func TestScriptCacheFlush(t *testing.T) {
 	r := testenv.StartPrivateRedis(t, false)
 	c := r.Client()
 	defer c.Close()
-	st := redisstore.New(c, redisstore.Config{})
+	st, err := redisstore.New(c, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	if cl, err := st.Claim(ctx, "warm", "t", time.Minute); err != nil || cl.Result != dedup.Acquired {
 		t.Fatalf("Claim = %v, %v", cl.Result, err)
@@ -130,7 +140,10 @@ func TestScriptCacheFlush(t *testing.T) {
 // a value that is not a dedup record, and reports what it found.
 func TestForgetIdle(t *testing.T) {
 	c, prefix := testenv.Redis(t)
-	s := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+	s, err := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	if _, found, err := s.ForgetIdle(ctx, "fi:absent"); err != nil || found {
 		t.Fatalf("ForgetIdle absent = found %v, %v", found, err)
@@ -181,7 +194,7 @@ func TestBatchKeyOfAnotherTypeFailsOnlyItself(t *testing.T) {
 	}{{"one-script", false}, {"per-key", true}} {
 		t.Run(v.name, func(t *testing.T) {
 			c, prefix := testenv.Redis(t)
-			st := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":"})
+			st := redistest.Store(t, c, redisstore.Config{KeyPrefix: prefix + ":"})
 			if v.perKey {
 				st = redisstore.PerKeyBatches(st)
 			}
@@ -217,5 +230,17 @@ func TestBatchKeyOfAnotherTypeFailsOnlyItself(t *testing.T) {
 				t.Errorf("complete beside the bad key: %v", errs[1])
 			}
 		})
+	}
+}
+
+// New refuses a missing client and a negative setting.
+func TestNewValidates(t *testing.T) {
+	if _, err := redisstore.New(nil, redisstore.Config{}); !errors.Is(err, redisstore.ErrNoClient) {
+		t.Fatalf("New(nil) = %v, want ErrNoClient", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	if _, err := redisstore.New(c, redisstore.Config{WaitReplicas: -1}); err == nil {
+		t.Fatal("New with WaitReplicas -1 succeeded")
 	}
 }

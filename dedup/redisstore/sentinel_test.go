@@ -8,6 +8,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/storetest"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -30,7 +31,7 @@ func TestConformanceSentinel(t *testing.T) {
 				New: func(t *testing.T) dedup.Store {
 					cfg := v.cfg
 					cfg.KeyPrefix = testenv.Name(t, "t") + ":"
-					return redisstore.New(rdb, cfg)
+					return redistest.Store(t, rdb, cfg)
 				},
 			})
 		})
@@ -44,7 +45,10 @@ func TestConformanceSentinel(t *testing.T) {
 		replicas  int
 		shortfall bool
 	}{{2, false}, {3, true}} {
-		st := redisstore.New(rdb, redisstore.Config{KeyPrefix: testenv.Name(t, "w") + ":", WaitReplicas: c.replicas, WaitTimeout: 500 * time.Millisecond})
+		st, err := redisstore.New(rdb, redisstore.Config{KeyPrefix: testenv.Name(t, "w") + ":", WaitReplicas: c.replicas, WaitTimeout: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
 		for i, key := range []string{"a", "b"} {
 			if _, err := st.Claim(ctx, key, "tok", time.Minute); err != nil {
 				t.Fatal(err)

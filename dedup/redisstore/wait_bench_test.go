@@ -31,7 +31,10 @@ func BenchmarkCompleteWait(b *testing.B) {
 	ctx := context.Background()
 	for _, wait := range []int{0, 1} {
 		b.Run(fmt.Sprintf("wait=%d/single", wait), func(b *testing.B) {
-			st := redisstore.New(rdb, redisstore.Config{KeyPrefix: testenv.Name(b, "bw") + ":", WaitReplicas: wait})
+			st, err := redisstore.New(rdb, redisstore.Config{KeyPrefix: testenv.Name(b, "bw") + ":", WaitReplicas: wait})
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				key := fmt.Sprint("k", i)

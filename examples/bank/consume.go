@@ -213,7 +213,10 @@ func consume(ctx context.Context, o consumeOpts) error {
 	if len(urls) > 0 {
 		amqpURL = ""
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: &counters})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: &counters})
+	if err != nil {
+		return err
+	}
 	defer pub.Close()
 
 	crash := func(point string) {
@@ -277,7 +280,10 @@ func consume(ctx context.Context, o consumeOpts) error {
 			return err
 		}
 		defer rc.Close()
-		store := redisstore.New(rc, redisstore.Config{})
+		store, err := redisstore.New(rc, redisstore.Config{})
+		if err != nil {
+			return err
+		}
 		g, err := dedup.NewGuard(dedup.Config{Store: store, Prefix: "bank", Lease: o.lease, Logger: log})
 		if err != nil {
 			return err

@@ -569,7 +569,10 @@ func runMode(ctx context.Context, o demoOpts, mode string) (*ledger, error) {
 	}
 
 	// Publish while the consumers work and get killed.
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, URLs: splitList(o.amqpURLs), Setup: topology.SetupFunc(topo)})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: o.amqpURL, URLs: splitList(o.amqpURLs), Setup: topology.SetupFunc(topo)})
+	if err != nil {
+		return nil, err
+	}
 	defer pub.Close()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	var expected int64

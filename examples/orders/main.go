@@ -170,16 +170,26 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 
 	// The relay: committed rows to the broker, with confirms.
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: cfg.AMQPURL, Setup: setup, Logger: cfg.Logger})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: cfg.AMQPURL, Setup: setup, Logger: cfg.Logger})
+	if err != nil {
+		return Result{}, err
+	}
 	defer pub.Close()
-	relay := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Logger: cfg.Logger})
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Logger: cfg.Logger})
+	if err != nil {
+		return Result{}, err
+	}
 
 	// The billing consumer: retry policy ⊃ guard ⊃ inbox handler.
 	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub, QuickAttempts: 1}))
 	if err != nil {
 		return Result{}, err
 	}
-	guard, err := dedup.NewGuard(dedup.Config{Store: redisstore.New(rdb, redisstore.Config{}), Prefix: prefix})
+	guardStore, err := redisstore.New(rdb, redisstore.Config{})
+	if err != nil {
+		return Result{}, err
+	}
+	guard, err := dedup.NewGuard(dedup.Config{Store: guardStore, Prefix: prefix})
 	if err != nil {
 		return Result{}, err
 	}

@@ -35,7 +35,10 @@ func run() error {
 		return err
 	}
 
-	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup, Logger: log})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup, Logger: log})
+	if err != nil {
+		return err
+	}
 	defer pub.Close()
 	ids := []string{"order-1001", "order-1002", "order-1003", "order-1002"} // 1002 resent
 	for _, id := range ids {

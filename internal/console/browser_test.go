@@ -156,7 +156,10 @@ func TestBrowserConsole(t *testing.T) {
 	if err := topology.DeclareQueue(context.Background(), testenv.Channel(t), q); err != nil {
 		t.Fatal(err)
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLogger()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer pub.Close()
 
 	// The consumer: three bugs, each failing ten orders permanently.
@@ -204,7 +207,10 @@ func TestBrowserConsole(t *testing.T) {
 	testenv.Publish(t, "", p.Queue, msgs...)
 	testenv.Eventually(t, wait, "30 dead letters", func() bool { return depth(t, p.DLQ) == 30 })
 
-	store := redisstore.New(client, redisstore.Config{})
+	store, err := redisstore.New(client, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	base := serve(t, console.Config{Queues: []console.Queue{console.QueueOf(p.Queue)}, Keys: store, KeyPrefix: prefix, SampleInterval: 200 * time.Millisecond})
 
 	// The overview, then the groups.

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/internal/console"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/sqldb/postgres"
@@ -27,7 +28,7 @@ import (
 
 func keyAdmin(t *testing.T, client redis.UniversalClient) dedup.KeyAdmin {
 	t.Helper()
-	return redisstore.New(client, redisstore.Config{})
+	return redistest.Store(t, client, redisstore.Config{})
 }
 
 var groupRowRE = regexp.MustCompile(`(?s)<tr class="group" data-group="([0-9a-f]+)">\s*<td class="n count">(\d+)`)
@@ -163,7 +164,10 @@ func TestDeadLetterPages(t *testing.T) {
 func TestKeysPage(t *testing.T) {
 	testenv.RequireAMQP(t)
 	client, prefix := testenv.Redis(t)
-	store := redisstore.New(client, redisstore.Config{})
+	store, err := redisstore.New(client, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	done, busy := dedup.Key(prefix, "billing", "order-1"), dedup.Key(prefix, "billing", "order-2")
 	if _, err := store.Claim(ctx, done, "tok-a", time.Minute); err != nil {

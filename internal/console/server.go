@@ -75,7 +75,10 @@ func New(cfg Config) (*Server, error) {
 	s.pages = pages
 	s.pub = cfg.Publisher
 	if s.pub == nil {
-		p := idemq.NewPublisher(idemq.PublisherConfig{URL: cfg.AMQPURL, MaxAttempts: 5, Logger: cfg.Logger})
+		p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: cfg.AMQPURL, MaxAttempts: 5, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("console: %w", err)
+		}
 		s.pub, s.closePub = p, func() { p.Close() }
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())

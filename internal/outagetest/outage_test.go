@@ -62,7 +62,10 @@ func newFixture(t *testing.T, n int) *fixture {
 	if err := topology.Declare(context.Background(), ch, topo); err != nil {
 		t.Fatal(err)
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL(), Setup: topology.SetupFunc(topo), Logger: logger()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL(), Setup: topology.SetupFunc(topo), Logger: logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { pub.Close() })
 	f := &fixture{q: q, pub: pub, topo: topo}
 	msgs := make([]amqp.Publishing, n)
@@ -228,7 +231,10 @@ func TestRedisOutageDeadLettersNothing(t *testing.T) {
 	rs := testenv.StartPrivateRedis(t, true)
 	rc := rs.Client()
 	t.Cleanup(func() { rc.Close() })
-	store := redisstore.New(rc, redisstore.Config{})
+	store, err := redisstore.New(rc, redisstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := newFixture(t, n)
 	var mu sync.Mutex
 	applied := map[string]int{}

@@ -139,7 +139,10 @@ type relayOpt func(*outbox.RelayConfig)
 func (e *env) relay(opts ...relayOpt) (*outbox.Relay, func()) {
 	e.t.Helper()
 	store, _ := e.s.open(e.t, e.dsn, e.table)
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	cfg := outbox.RelayConfig{
 		Store: store, Publisher: pub, BatchSize: 50, Lease: childLease, PublishTimeout: 20 * time.Second,
 		PollInterval: 10 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond,
@@ -152,7 +155,10 @@ func (e *env) relay(opts ...relayOpt) (*outbox.Relay, func()) {
 	if cfg.Lease < cfg.PublishTimeout {
 		cfg.Lease = 3 * cfg.PublishTimeout // never lose a lease mid-publish in tests that do not crash
 	}
-	r := outbox.NewRelay(cfg)
+	r, err := outbox.NewRelay(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -356,11 +362,17 @@ func HelperProcess[T any](t *testing.T, b sqldbtest.Backend[T]) {
 	default:
 		t.Fatalf("unknown %s=%q", envKill, kill)
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
-	r := outbox.NewRelay(outbox.RelayConfig{
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.AMQPURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.NewRelay(outbox.RelayConfig{
 		Store: store, Publisher: pub, BatchSize: batch, Concurrency: childConcurrency, Lease: childLease, PublishTimeout: childLease * 3 / 4,
 		PollInterval: 10 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond, Hooks: hooks,
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	_ = r.Run(ctx)

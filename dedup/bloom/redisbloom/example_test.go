@@ -69,7 +69,10 @@ func ExampleNewStore() {
 		_, err := ch.QueueDeclare(queue, true, false, false, false, nil)
 		return err
 	}
-	pub := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Setup: setup})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pub.Close()
 	for _, id := range []string{"order-1", "order-2", "order-1"} {
 		if err := pub.Publish(ctx, idemq.Message{ID: id, RoutingKey: queue, Body: []byte(`{}`)}); err != nil {

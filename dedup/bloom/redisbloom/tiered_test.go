@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/dedup/bloom/redisbloom"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/storetest"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 )
 
@@ -38,7 +39,10 @@ func TestTieredStoreConformance(t *testing.T) {
 					NotModelled: "a Complete marks the record of truth done before it checks the lease"},
 				New: func(t *testing.T) dedup.Store {
 					c, prefix := testenv.Redis(t)
-					truth := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+					truth, err := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+					if err != nil {
+						t.Fatal(err)
+					}
 					s, err := redisbloom.NewStore(c, redisbloom.StoreConfig{Filter: tieredFilter(prefix), Verifier: bloom.RecordOfTruth(truth), AutoPipeline: auto})
 					if err != nil {
 						t.Fatal(err)
@@ -48,7 +52,7 @@ func TestTieredStoreConformance(t *testing.T) {
 				Broken: func(t *testing.T) dedup.Store {
 					c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)), MaxRetries: -1, DialTimeout: time.Second})
 					t.Cleanup(func() { c.Close() })
-					s, err := redisbloom.NewStore(c, redisbloom.StoreConfig{Filter: tieredFilter("broken"), Verifier: bloom.RecordOfTruth(redisstore.New(c, redisstore.Config{}))})
+					s, err := redisbloom.NewStore(c, redisbloom.StoreConfig{Filter: tieredFilter("broken"), Verifier: bloom.RecordOfTruth(redistest.Store(t, c, redisstore.Config{}))})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -120,7 +124,10 @@ func TestTieredStoreVerifiedFalsePositive(t *testing.T) {
 	c, prefix := testenv.Redis(t)
 	counters := &idemq.Counters{}
 	cfg := redisbloom.Config{Filter: bloom.FilterConfig{Window: time.Hour, Bits: 8, Hashes: 1}, KeyPrefix: prefix + ":"}
-	truth := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+	truth, err := redisstore.New(c, redisstore.Config{KeyPrefix: prefix + ":truth:"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s, err := redisbloom.NewStore(c, redisbloom.StoreConfig{Filter: cfg, Verifier: bloom.RecordOfTruth(truth), Recent: -1, Recorder: counters})
 	if err != nil {
 		t.Fatal(err)
