@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-unit fuzz demo chaos quickstart orders bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -53,7 +53,7 @@ cluster-chaos: services cluster ## the bank demo against the cluster: leader kil
 
 vet:
 	$(GO) vet ./...
-	$(GO) vet -tags faults ./...
+	$(GO) vet -tags faults,brokerbugs ./...
 
 fmt:
 	gofmt -w .
@@ -100,6 +100,15 @@ chaos: services ## the long fault run: more messages, kills, cuts, PostgreSQL/Re
 	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --broker-restarts 3 --crash-rate 0.002 --timeout 10m \
 		--db-outages 2 --db-outage-duration 30s --redis-outages 2 --redis-outage-duration 30s \
 		--freezes 3 $(DEMO_ARGS)
+
+RETRY_MESSAGES ?= 3000
+RETRY_RESTARTS ?= 8
+broker-bugs: services ## probes of RabbitMQ defects idemq works around (not idemq's tests; fails while the broker has them): deleting at-least-once retry queues right after a restart
+	$(ENV) && $(GO) test -race -count=1 -timeout 10m -tags faults,brokerbugs -v -run '^TestBroker' ./topology
+
+chaos-retries: services ## the retry policy's fault test, longer: RETRY_MESSAGES messages failing twice each, RETRY_RESTARTS restarts of a private broker while they wait in quorum retry queues, quorum and classic work queues
+	$(ENV) && IDEMQ_FAULT_RETRY_MESSAGES=$(RETRY_MESSAGES) IDEMQ_FAULT_RETRY_RESTARTS=$(RETRY_RESTARTS) IDEMQ_FAULT_RETRY_WORK_TYPES=all \
+		$(GO) test -race -count=1 -timeout 30m -tags faults -v -run '^TestFaultDelayedRetriesThroughBrokerRestarts$$' ./retry
 
 quickstart: services
 	$(ENV) && $(GO) run ./examples/quickstart

@@ -18,6 +18,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/sqldb/postgres"
@@ -46,7 +47,7 @@ func TestFaultConsumerTimeout(t *testing.T) {
 	t.Run("dedup", func(t *testing.T) {
 		rdb, prefix := testenv.Redis(t)
 		effect := prefix + ":effect"
-		guard, err := dedup.NewGuard(dedup.Config{Store: redisstore.New(rdb, redisstore.Config{KeyPrefix: prefix + ":"}), Logger: quietLogger()})
+		guard, err := dedup.NewGuard(dedup.Config{Store: redistest.Store(t, rdb, redisstore.Config{KeyPrefix: prefix + ":"}), Logger: quietLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}

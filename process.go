@@ -28,21 +28,35 @@ func (c *Consumer) process(ctx context.Context, x *executor, j job) {
 // decide asks the policy to admit d, runs the chain, and asks the policy
 // what next until it stops asking for another run.
 func (c *Consumer) decide(ctx context.Context, d *Delivery) Decision {
-	if dec, ok := c.policy.Admit(d); !ok {
-		return dec
-	}
-	for n := 1; ; n++ {
-		err := c.run(ctx, d)
+	return decide(ctx, c.policy, d, c.run, func(err error) {
 		if err != nil && !IsDuplicate(err) {
 			c.rec.Add(CountFailed, 1)
 		}
-		dec := c.policy.Decide(d, Run{Err: err, N: n, Stopping: ctx.Err() != nil})
+	}, c.brk.report)
+}
+
+// decide is the consumer's decision loop, shared with [Pipeline.Decide]:
+// the policy admits d, run runs the chain, ran (optional) sees every run's
+// error, last (optional) the error of the run the final decision was taken
+// on.
+func decide(ctx context.Context, policy FailurePolicy, d *Delivery, run func(context.Context, *Delivery) error, ran, last func(error)) Decision {
+	if dec, ok := policy.Admit(d); !ok {
+		return dec
+	}
+	for n := 1; ; n++ {
+		err := run(ctx, d)
+		if ran != nil {
+			ran(err)
+		}
+		dec := policy.Decide(d, Run{Err: err, N: n, Stopping: ctx.Err() != nil})
 		if dec.Action == ActionRunAgain && backoff.Sleep(ctx, dec.Delay) != nil {
 			// Stopping during the pause: decide without running again.
-			dec = c.policy.Decide(d, Run{Err: err, N: n, Stopping: true})
+			dec = policy.Decide(d, Run{Err: err, N: n, Stopping: true})
 		}
 		if dec.Action != ActionRunAgain {
-			c.brk.report(err)
+			if last != nil {
+				last(err)
+			}
 			return dec
 		}
 	}
@@ -50,18 +64,52 @@ func (c *Consumer) decide(ctx context.Context, d *Delivery) Decision {
 
 // run runs the chain once. A panic in a layer outside Recover (a
 // middleware, the guard) is a failed run, not a dead worker.
-func (c *Consumer) run(ctx context.Context, d *Delivery) (err error) {
+func (c *Consumer) run(ctx context.Context, d *Delivery) error {
+	err := runChain(ctx, c.handler, d)
+	var pe *PanicError
+	if errors.As(err, &pe) {
+		c.rec.Add(CountPanics, 1)
+		c.log.Error("idemq: handler panicked", "message_id", d.LogID(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+	return err
+}
+
+// runChain runs h once, a panic becoming a [*PanicError].
+func runChain(ctx context.Context, h Handler, d *Delivery) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &PanicError{Value: v, Stack: debug.Stack()}
 		}
-		var pe *PanicError
-		if errors.As(err, &pe) {
-			c.rec.Add(CountPanics, 1)
-			c.log.Error("idemq: handler panicked", "message_id", d.LogID(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
-		}
 	}()
-	return c.handler.Handle(ctx, d)
+	return h.Handle(ctx, d)
+}
+
+// Decide runs p for d the way a [Consumer] does and returns the decision
+// the consumer's executor would carry out: the failure policy admits d,
+// the chain (middleware → guard → Recover → handler) runs as many times as
+// the policy asks (quick retries), and the policy decides. It carries
+// nothing out — no publish, no ack, no nack — and it is the consumer's own
+// decision loop, not a copy of it. It is the seam a test kit (idemqtest)
+// or an adapter drives a pipeline through without a broker.
+//
+// What belongs to the consumer rather than to the pipeline is not applied:
+// the handler deadline (HandlerTimeout, the ConsumerTimeout bound), the
+// breaker, the counters (put a Recorder in ctx with [WithRecorder] for the
+// layers' own), and the ID decision (call [IDConfig.Apply] on d first, or
+// d.ID() reads its MessageID). A nil Policy is [BasePolicy]; a pipeline
+// without a Handler is rejected with [ErrNoHandler].
+func (p Pipeline) Decide(ctx context.Context, d *Delivery) Decision {
+	policy := p.Policy
+	if policy == nil {
+		policy = BasePolicy{}
+	}
+	if err := p.Validate(); err != nil {
+		return Decision{Action: ActionReject, Outcome: OutcomeRejected, Reason: ReasonOf(err), Err: err}
+	}
+	h := p.chain(nil)
+	return decide(ctx, policy, d, func(ctx context.Context, d *Delivery) error {
+		return runChain(ctx, h, d)
+	}, nil, nil)
 }
 
 // executor carries out decisions on one channel: it publishes what a

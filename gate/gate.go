@@ -164,6 +164,14 @@ func New(cfg Config) (*Gate, error) {
 // Ready is closed once the gate consumes its ingress queue.
 func (g *Gate) Ready() <-chan struct{} { return g.consumer.Ready() }
 
+// Consuming reports whether the gate is subscribed to its ingress queue
+// now (false while it reconnects to the broker).
+func (g *Gate) Consuming() bool { return g.consumer.Consuming() }
+
+// Paused reports whether the gate's circuit breaker holds deliveries
+// back (its dedup store or the broker is unavailable).
+func (g *Gate) Paused() bool { return g.consumer.Paused() }
+
 // Run forwards until ctx is cancelled, then finishes the forwards in
 // flight, acks them and returns nil. Lost connections and store outages
 // are waited out. It closes the default Redis store's client on return.

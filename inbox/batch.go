@@ -184,7 +184,9 @@ func (b *Batcher[T]) run(bt *batch[T]) {
 	// The transaction is the batch's, not one delivery's: it must not die
 	// with the first delivery's context.
 	ctx := context.WithoutCancel(items[0].ctx)
+	b.ib.cfg.Observer.Batch(len(items))
 	if err := b.runFast(ctx, items); err != nil {
+		b.ib.cfg.Observer.SavepointFallback()
 		b.ib.log.Debug("inbox: batch fast path rolled back, running it again with a savepoint per delivery", "deliveries", len(items), "reason", err)
 		for _, it := range items {
 			it.err, it.dup = nil, false
@@ -226,13 +228,18 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 			first = append(first, it)
 		}
 	}
+	start := time.Now()
+	result := ResultFailed
+	defer func() { b.ib.cfg.Observer.Transaction(PathBatch, result, time.Since(start)) }()
 	native, tx, err := b.ib.db.BeginNative(ctx)
 	if err != nil {
 		failAll(items, Classify(fmt.Errorf("inbox: batch begin: %w", err)))
 		return nil
 	}
 	rollback := func(err error) error {
-		_ = tx.Rollback(ctx)
+		if tx.Rollback(ctx) == nil {
+			result = ResultRolledBack
+		}
 		return err
 	}
 	if err := b.insertRows(ctx, tx, first); err != nil {
@@ -253,7 +260,9 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		failAll(items, Classify(fmt.Errorf("inbox: batch commit: %w", err)))
+		return nil
 	}
+	result = ResultCommitted
 	return nil
 }
 
@@ -329,6 +338,9 @@ func (b *Batcher[T]) insertSQL(n int, returning bool) string {
 // copy of a key finds its first copy's row (a duplicate) unless that one
 // was rolled back, and then runs.
 func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
+	start := time.Now()
+	result := ResultFailed
+	defer func() { b.ib.cfg.Observer.Transaction(PathSavepoints, result, time.Since(start)) }()
 	native, tx, err := b.ib.db.BeginNative(ctx)
 	if err != nil {
 		failAll(items, Classify(fmt.Errorf("inbox: batch begin: %w", err)))
@@ -370,7 +382,9 @@ func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
 			}
 			it.dup = false
 		}
+		return
 	}
+	result = ResultCommitted
 }
 
 // call runs the handler for one delivery, turning a panic into that

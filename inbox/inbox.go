@@ -47,6 +47,10 @@ type Config struct {
 	Now func() time.Time
 	// Logger; default slog.Default().
 	Logger *slog.Logger
+	// Observer is told each transaction's path, result and latency, each
+	// batch's size and each savepoint fallback ([Observer];
+	// metrics.Metrics.Inbox). Default: none.
+	Observer Observer
 }
 
 // Errors from the inbox.
@@ -112,6 +116,9 @@ func New[T any](ctx context.Context, db sqldb.Native[T], cfg Config) (*Inbox[T],
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
 	}
 	st, err := compile(db.Dialect(), cfg.Table)
 	if err != nil {
@@ -211,6 +218,9 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	if err != nil {
 		return err
 	}
+	start := time.Now()
+	result := ResultFailed
+	defer func() { ib.cfg.Observer.Transaction(PathSingle, result, time.Since(start)) }()
 	native, tx, err := ib.db.BeginNative(ctx)
 	if err != nil {
 		return Classify(fmt.Errorf("inbox: begin: %w", err))
@@ -230,19 +240,24 @@ func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Deliv
 	if !fresh {
 		done = true
 		_ = tx.Rollback(ctx)
+		result = ResultRolledBack
 		ib.log.Debug("inbox: duplicate acked", "group", group, "message_id", id)
 		return idemq.Duplicate(idemq.LayerInbox)
 	}
+	result = ResultRolledBack // unless it commits: the handler failed or panicked
 	if err := h(ctx, native, d); err != nil {
 		done = true
 		if rbErr := sqldb.Rollback(ctx, tx); rbErr != nil {
 			ib.log.Warn("inbox: rollback after handler error failed", "message_id", id, "err", rbErr)
+			result = ResultFailed
 		}
 		return Classify(err) // a lost connection is not the message's fault
 	}
 	done = true
 	if err := tx.Commit(ctx); err != nil {
+		result = ResultFailed
 		return Classify(fmt.Errorf("inbox: commit: %w", err))
 	}
+	result = ResultCommitted
 	return nil
 }

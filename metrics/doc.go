@@ -12,6 +12,7 @@
 //	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Recorder: m.Publisher("orders")})
 //	store := m.Store("redis", redisStore)            // dedup store latency and errors by op
 //	m.Bloom("orders", filter)                        // fill and estimated FP rate, read at scrape
+//	ib, _ := inbox.New(ctx, db, inbox.Config{Observer: m.Inbox("orders")}) // transactions, batches, fallbacks
 //	http.ListenAndServe(addr, metrics.NewHealth(metrics.HealthConfig{Gatherer: m.Gatherer(),
 //		Checks: map[string]metrics.Check{"consumer": metrics.ConsumerReady(c)}}))
 //

@@ -32,16 +32,24 @@ type HealthConfig struct {
 // ErrNotReady is what [ConsumerReady] returns before the first subscribe.
 var ErrNotReady = errors.New("metrics: consumer not subscribed yet")
 
+// ErrDisconnected is what [ConsumerReady] returns while a consumer that
+// had subscribed is reconnecting to the broker.
+var ErrDisconnected = errors.New("metrics: consumer not connected to the broker: reconnecting")
+
 // ErrBreakerOpen is what [ConsumerReady] returns while the consumer's
 // breaker holds deliveries back.
 var ErrBreakerOpen = errors.New("metrics: consumer paused: a dependency is unavailable")
 
-// ConsumerReady is a [Check]: the consumer (an *idemq.Consumer) has
-// subscribed and its breaker is closed.
+// ConsumerReady is a [Check]: the consumer (an *idemq.Consumer, a
+// *gate.Gate) has subscribed, is subscribed now (when it tells:
+// a Consuming() bool method) and its breaker is closed.
 func ConsumerReady(c Watched) Check {
 	return func(context.Context) error {
 		if !isReady(c) {
 			return ErrNotReady
+		}
+		if cc, ok := c.(interface{ Consuming() bool }); ok && !cc.Consuming() {
+			return ErrDisconnected
 		}
 		if c.Paused() {
 			return ErrBreakerOpen

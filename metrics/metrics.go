@@ -113,6 +113,12 @@ type Metrics struct {
 	storeErrors *prometheus.CounterVec
 	storeBatch  *prometheus.HistogramVec
 
+	// inbox, label inbox (+ path, result)
+	inboxTxDur     *prometheus.HistogramVec // path
+	inboxTx        *prometheus.CounterVec   // path, result
+	inboxBatch     *prometheus.HistogramVec //
+	inboxFallbacks *prometheus.CounterVec   //
+
 	mu        sync.Mutex
 	consumers map[[2]string]*ConsumerRecorder
 	watched   *stateCollector
@@ -173,6 +179,11 @@ func New(cfg Config) (*Metrics, error) {
 		storeErrors: cv("dedup_store_errors_total", "Dedup store calls that failed (lease lost excluded), by operation.", "store", "op"),
 		storeBatch:  hv("dedup_store_batch_size", "Requests per batched dedup store call.", []float64{1, 2, 5, 10, 20, 50, 100, 200}, "store", "op"),
 
+		inboxTxDur:     hv("inbox_transaction_seconds", "Inbox transaction latency, begin to the end of commit or rollback, by path (single, batch, savepoints).", cfg.DurationBuckets, "inbox", "path"),
+		inboxTx:        cv("inbox_transactions_total", "Inbox transactions, by path and result (committed, rolled_back, failed).", "inbox", "path", "result"),
+		inboxBatch:     hv("inbox_batch_size", "Deliveries per inbox batch transaction.", []float64{1, 2, 5, 10, 20, 50, 100, 200, 500}, "inbox"),
+		inboxFallbacks: cv("inbox_savepoint_fallbacks_total", "Inbox batches whose fast path rolled back and ran again with a savepoint per delivery.", "inbox"),
+
 		consumers: map[[2]string]*ConsumerRecorder{},
 	}
 	m.watched = &stateCollector{
@@ -190,7 +201,8 @@ func New(cfg Config) (*Metrics, error) {
 		m.leasesLost, m.reconnects, m.events, m.unacked, m.handlerDur, m.criticalDur, m.overheadDur, m.forwardDur,
 		m.pubConfirms, m.pubReturns, m.pubRetries, m.pubReconnects, m.pubInFlight,
 		m.relayPublished, m.relayFailed, m.relayRetried, m.relayPurged, m.relayErrors, m.relayPending, m.relayBlocked, m.relayLag,
-		m.storeDur, m.storeErrors, m.storeBatch, m.watched, m.bloom}
+		m.storeDur, m.storeErrors, m.storeBatch,
+		m.inboxTxDur, m.inboxTx, m.inboxBatch, m.inboxFallbacks, m.watched, m.bloom}
 	for _, c := range cs {
 		if err := cfg.Registerer.Register(c); err != nil {
 			return nil, errors.Join(ErrConfig, err)

@@ -103,6 +103,14 @@ type RelayConfig struct {
 	PurgeBatch    int
 	// StatsInterval between lag/pending refreshes. Default 5s.
 	StatsInterval time.Duration
+	// DrainTimeout is how long Run, once its context is done, waits for
+	// the publishes in flight to be confirmed. Past it (the broker is
+	// unreachable, say) they are abandoned and their rows handed back
+	// untouched for a later run: Run returns promptly instead of waiting
+	// out PublishTimeout. An abandoned publish may still have reached the
+	// broker: the row is then published twice, with the same message ID.
+	// Default 5s.
+	DrainTimeout time.Duration
 	// Recorder receives the relay's counters. Optional.
 	Recorder idemq.Recorder
 	// Logger; default slog.Default().
@@ -114,10 +122,11 @@ type RelayConfig struct {
 // Relay publishes committed outbox rows. Create it with [NewRelay] and call
 // [Relay.Run]; several relays (processes) may share one table.
 type Relay struct {
-	cfg  RelayConfig
-	log  *slog.Logger
-	rec  idemq.Recorder
-	wake chan struct{}
+	cfg     RelayConfig
+	log     *slog.Logger
+	rec     idemq.Recorder
+	wake    chan struct{}
+	refresh chan struct{} // a batch was settled: refresh the stats
 
 	lagMS, pending, blocked atomic.Int64
 	gaugeMu                 sync.Mutex
@@ -201,6 +210,9 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.PurgeBatch <= 0 {
 		cfg.PurgeBatch = 1000
 	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 5 * time.Second
+	}
 	if cfg.StatsInterval <= 0 {
 		cfg.StatsInterval = 5 * time.Second
 	}
@@ -211,7 +223,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if rec == nil {
 		rec = nopRecorder{}
 	}
-	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1)}, nil
+	return &Relay{cfg: cfg, log: cfg.Logger, rec: rec, wake: make(chan struct{}, 1), refresh: make(chan struct{}, 1)}, nil
 }
 
 // Owner is the relay's lease owner name.
@@ -244,6 +256,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	bg, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	// Last (deferred first): once every batch is settled and the stats
+	// loop stopped, Pending and Lag tell what is left.
+	defer r.finalStats(ctx)
 	defer wg.Wait()
 	defer cancel()
 
@@ -296,6 +311,7 @@ func (r *Relay) Run(ctx context.Context) error {
 				// Marking may have unblocked rows (the next of an ordering
 				// key): look again rather than sleep out the poll interval.
 				r.Wake()
+				r.refreshStats()
 			})
 			idle = 0
 			continue
@@ -323,6 +339,14 @@ type result struct {
 // process publishes a claimed batch concurrently and settles every row.
 func (r *Relay) process(ctx context.Context, rows []Row) {
 	dctx := context.WithoutCancel(ctx) // drain: finish the batch on shutdown
+	// The publishes get DrainTimeout once ctx is done, then are abandoned.
+	pubCtx, abandon := context.WithCancelCause(dctx)
+	defer abandon(nil)
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.DrainTimeout, func() { abandon(errAbandoned) })
+		context.AfterFunc(pubCtx, func() { t.Stop() })
+	})
+	defer stopDrain()
 	results := make([]result, len(rows))
 	var wg sync.WaitGroup
 	for i := range rows {
@@ -333,13 +357,16 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 			continue
 		}
 		wg.Go(func() {
-			pctx, cancel := context.WithTimeout(dctx, r.cfg.PublishTimeout)
+			pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
 			defer cancel()
 			m := row.Message
 			err := r.cfg.Publisher.Publish(pctx, idemq.Message{
 				ID: m.ID, Exchange: m.Exchange, RoutingKey: m.RoutingKey, Body: m.Body,
 				ContentType: m.ContentType, Headers: m.Headers,
 			})
+			if err != nil && errors.Is(context.Cause(pubCtx), errAbandoned) {
+				err = fmt.Errorf("%w: %w", errAbandoned, err)
+			}
 			results[i].err = err
 			if err == nil && r.cfg.Hooks.AfterConfirm != nil {
 				r.cfg.Hooks.AfterConfirm(row)
@@ -369,6 +396,10 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 		}
 	}
 }
+
+// errAbandoned: a publish still unconfirmed DrainTimeout after Run's
+// context ended.
+var errAbandoned = errors.New("outbox relay: publish abandoned at shutdown (drain timeout)")
 
 type permanentErr string
 
@@ -401,10 +432,12 @@ func (r *Relay) failed(ctx context.Context, row Row, err error) {
 		reason = "too-large: " + err.Error()
 	case errors.Is(err, idemq.ErrInvalidHeaders):
 		reason = "invalid-headers: " + err.Error()
-	case errors.Is(err, idemq.ErrClosed):
-		// The publisher is closing: hand the row back untouched.
+	case errors.Is(err, idemq.ErrClosed), errors.Is(err, errAbandoned):
+		// The publisher is closing, or the relay stopping: hand the row
+		// back untouched.
+		r.log.Warn("outbox relay: row handed back unpublished", "row", row.ID, "message_id", row.Message.ID, "err", err)
 		r.settle(ctx, "release", func(c context.Context) error {
-			return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, 0, "relay publisher closed")
+			return r.cfg.Store.Retry(c, r.cfg.Owner, row.ID, 0, err.Error())
 		})
 		return
 	case row.Attempts >= r.cfg.MaxAttempts:
@@ -475,6 +508,30 @@ func (r *Relay) purgeLoop(ctx context.Context) {
 	}
 }
 
+// refreshStats asks the stats loop for a refresh now (a batch was
+// settled); requests coalesce.
+func (r *Relay) refreshStats() {
+	select {
+	case r.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// minStatsGap bounds the refreshes a busy relay asks for after its
+// batches: at most one per minStatsGap (or StatsInterval if shorter).
+const minStatsGap = 250 * time.Millisecond
+
+// finalStats reads Pending and Lag once more after Run stopped, for the
+// caller's last report. The recorder's gauges stay at zero.
+func (r *Relay) finalStats(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if st, err := r.cfg.Store.Stats(sctx); err == nil {
+		r.lagMS.Store(st.Lag.Milliseconds())
+		r.pending.Store(st.Pending)
+	}
+}
+
 func (r *Relay) statsLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
@@ -502,6 +559,13 @@ func (r *Relay) statsLoop(ctx context.Context) {
 			r.setBlocked(0)
 			return
 		case <-t.C:
+		case <-r.refresh:
+			gap := time.NewTimer(min(minStatsGap, r.cfg.StatsInterval))
+			select {
+			case <-ctx.Done():
+			case <-gap.C:
+			}
+			gap.Stop()
 		}
 	}
 }

@@ -211,7 +211,10 @@ func (s *SQLStore) Add(ctx context.Context, tx sqldb.Querier, msgs ...Message) e
 	for i := range msgs {
 		m := &msgs[i]
 		if err := m.Validate(); err != nil {
-			return fmt.Errorf("outbox: add %q: %w", m.ID, errors.Join(ErrInvalidMessage, err))
+			if errors.Is(err, ErrInvalidMessage) {
+				return fmt.Errorf("outbox: add %q: %w", m.ID, err)
+			}
+			return fmt.Errorf("outbox: add %q: %w: %w", m.ID, ErrInvalidMessage, err)
 		}
 		h, err := EncodeHeaders(m.Headers)
 		if err != nil {

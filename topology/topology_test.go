@@ -285,3 +285,33 @@ func TestForQueueComputedArgsWin(t *testing.T) {
 		t.Fatal("Validate accepted the contradiction")
 	}
 }
+
+func TestWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		q    topology.Queue
+		want int
+	}{
+		{"quorum work, default retry", topology.Queue{Name: "a", Type: topology.Quorum}, 0},
+		{"quorum work, quorum retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Quorum}, 0},
+		{"classic work, classic retry", topology.Queue{Name: "a", Type: topology.Classic, RetryType: topology.Classic}, 0},
+		{"quorum work, classic retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic}, 1},
+		{"quorum work, classic retry, no retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic, NoRetry: true}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			top := topology.Topology{Queues: []topology.Queue{tc.q}}
+			if err := top.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			ws := top.Warnings()
+			if len(ws) != tc.want {
+				t.Fatalf("Warnings() = %q, want %d", ws, tc.want)
+			}
+			for _, w := range ws {
+				if !strings.Contains(w, `"a"`) || !strings.Contains(w, "retry_type: quorum") {
+					t.Errorf("warning %q does not name the queue and the fix", w)
+				}
+			}
+		})
+	}
+}

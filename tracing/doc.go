@@ -17,4 +17,10 @@
 // Everything takes a trace.TracerProvider; nil means
 // otel.GetTracerProvider(), a no-op unless the application installed an
 // SDK. The SDK is used only by tests and examples.
+//
+// In production sample a ratio of new traces and follow the parent's
+// decision, sdktrace.ParentBased(sdktrace.TraceIDRatioBased(0.01)): the
+// middleware then starts no span for a delivery whose upstream did not
+// sample, and sets no attributes on a span the sampler dropped (see
+// docs/OBSERVABILITY.md for the cost per delivery).
 package tracing

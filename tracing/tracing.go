@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel"
@@ -92,15 +93,22 @@ func OutboxMessage(ctx context.Context, m outbox.Message) outbox.Message {
 }
 
 // Sender wraps s with a producer span per publish and injects that span's
-// context into the published headers.
+// context into the published headers. The span's attributes are set only
+// when it is recording (sampled).
 func Sender(s idemq.Sender, tp trace.TracerProvider) idemq.Sender {
 	return &sender{s: s, t: tracer(tp)}
 }
 
 type sender struct {
-	s idemq.Sender
-	t trace.Tracer
+	s     idemq.Sender
+	t     trace.Tracer
+	names spanNames
 }
+
+var (
+	producerOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer)}
+	consumerOpts = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+)
 
 func (s *sender) Publish(ctx context.Context, m idemq.Message) error {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
@@ -112,31 +120,70 @@ func (s *sender) Publish(ctx context.Context, m idemq.Message) error {
 	if dest == "" {
 		dest = m.RoutingKey
 	}
-	ctx, span := s.t.Start(ctx, "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(AttrSystem.String("rabbitmq"), AttrOperation.String("send"),
-			AttrDestination.String(dest), AttrRoutingKey.String(m.RoutingKey), AttrMessageID.String(m.ID)))
+	ctx, span := s.t.Start(ctx, s.names.get("publish ", dest), producerOpts...)
 	defer span.End()
+	if span.IsRecording() {
+		span.SetAttributes(AttrSystem.String("rabbitmq"), AttrOperation.String("send"),
+			AttrDestination.String(dest), AttrRoutingKey.String(m.RoutingKey), AttrMessageID.String(m.ID))
+	}
 	m.Headers = Inject(ctx, m.Headers)
 	err := s.s.Publish(ctx, m)
-	if err != nil {
+	if err != nil && span.IsRecording() {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
 	return err
 }
 
+// spanNames caches "<verb><destination>" span names: one allocation per
+// destination, not one per message. Destinations are a bounded set
+// (queues, exchanges).
+type spanNames struct {
+	m sync.Map // string(dest) -> string(name)
+}
+
+func (n *spanNames) get(verb, dest string) string {
+	if v, ok := n.m.Load(dest); ok {
+		return v.(string)
+	}
+	name := verb + dest
+	n.m.Store(dest, name)
+	return name
+}
+
 // Middleware starts a consumer span per delivery ("process <queue>"),
 // child of the trace context in its headers, and records the outcome.
+//
+// Its cost follows the sampling decision, so that a production sampler
+// (ParentBased(TraceIDRatioBased(r)), see the package doc) keeps it near
+// zero for the deliveries it does not sample:
+//
+//   - a delivery whose traceparent says "not sampled" gets no span of its
+//     own: the upstream decided (parent-based sampling). Its handler's
+//     spans and publishes carry that unsampled context on;
+//   - a span the sampler drops records nothing: attributes, outcome and
+//     error are set only on a recording span;
+//   - no allocation per delivery beyond the tracer's own (span names are
+//     cached per queue, start options are shared).
 func Middleware(tp trace.TracerProvider) idemq.Middleware {
 	t := tracer(tp)
+	var names spanNames
 	return func(next idemq.Handler) idemq.Handler {
 		return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 			ctx = Extract(ctx, d.Headers)
-			ctx, span := t.Start(ctx, "process "+d.Queue, trace.WithSpanKind(trace.SpanKindConsumer),
-				trace.WithAttributes(AttrSystem.String("rabbitmq"), AttrOperation.String("process"),
-					AttrDestination.String(d.Queue), AttrGroup.String(d.Group), AttrMessageID.String(d.MessageID),
-					AttrRoutingKey.String(d.RoutingKey), AttrRedelivered.Bool(d.Redelivered)))
+			if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && !sc.IsSampled() {
+				return next.Handle(ctx, d)
+			}
+			ctx, span := t.Start(ctx, names.get("process ", d.Queue), consumerOpts...)
+			if !span.IsRecording() {
+				err := next.Handle(ctx, d)
+				span.End()
+				return err
+			}
 			defer span.End()
+			span.SetAttributes(AttrSystem.String("rabbitmq"), AttrOperation.String("process"),
+				AttrDestination.String(d.Queue), AttrGroup.String(d.Group), AttrMessageID.String(d.MessageID),
+				AttrRoutingKey.String(d.RoutingKey), AttrRedelivered.Bool(d.Redelivered))
 			if a, ok := d.Headers[idemq.HeaderAttempt]; ok {
 				if n, ok := a.(int32); ok {
 					span.SetAttributes(AttrAttempt.Int(int(n)))

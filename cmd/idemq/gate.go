@@ -214,6 +214,35 @@ func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.St
 	return nil, nil, fmt.Errorf("--store %q: want redis, postgres, mysql, sqlite or bloom-redis", f.store)
 }
 
+// gateStoreCheck is /readyz's probe of the dedup store of --store, on a
+// connection of its own: a Redis PING, a SQL SELECT 1.
+func gateStoreCheck(ctx context.Context, f gateFlags) (metrics.Check, func(), error) {
+	switch f.store {
+	case "", "redis", "bloom-redis":
+		opt, err := redisOptions(redisURL(f.redisURL))
+		if err != nil {
+			return nil, nil, fmt.Errorf("redis URL %s: %w", redactURL(redisURL(f.redisURL)), err)
+		}
+		opt.MaxRetries = -1 // one attempt per probe: /readyz answers within its timeout
+		rdb := redis.NewClient(opt)
+		return func(ctx context.Context) error { return rdb.Ping(ctx).Err() }, func() { rdb.Close() }, nil
+	case "postgres", "mysql", "sqlite":
+		d, err := resolveDB(f.db, f.store, os.Getenv)
+		if err != nil {
+			return nil, nil, err
+		}
+		db, closeDB, err := openDB(ctx, d)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context) error {
+			_, err := db.Exec(ctx, "SELECT 1")
+			return err
+		}, closeDB, nil
+	}
+	return nil, nil, fmt.Errorf("--store %q: want redis, postgres, mysql, sqlite or bloom-redis", f.store)
+}
+
 func runGate(cmd *cobra.Command, f gateFlags) (err error) {
 	cfg, err := gateConfig(f)
 	if err != nil {
@@ -255,7 +284,13 @@ func runGate(cmd *cobra.Command, f gateFlags) (err error) {
 		return err
 	}
 	if m != nil {
-		stop, err := serveMetrics(ctx, f.metricsListen, log, metrics.HealthConfig{Gatherer: m.Gatherer()})
+		storeCheck, closeCheck, err := gateStoreCheck(ctx, f)
+		if err != nil {
+			return err
+		}
+		defer closeCheck()
+		stop, err := serveMetrics(ctx, f.metricsListen, log, metrics.HealthConfig{Gatherer: m.Gatherer(),
+			Checks: map[string]metrics.Check{"broker": metrics.ConsumerReady(g), "store": storeCheck}})
 		if err != nil {
 			return err
 		}

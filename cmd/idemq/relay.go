@@ -32,6 +32,7 @@ type relayFlags struct {
 	batch, maxAttempts         int
 	concurrency                int
 	lease, publishTimeout      time.Duration
+	drainTimeout               time.Duration
 	poll, maxPoll              time.Duration
 	retention, purgeInterval   time.Duration
 	statsInterval, logInterval time.Duration
@@ -75,6 +76,7 @@ secret parameters never reach the logs or errors.`,
 	fl.IntVar(&f.concurrency, "concurrency", 8, "batches in flight at once; keep batch×concurrency within the publisher's 4096 in-flight confirms")
 	fl.DurationVar(&f.lease, "lease", 60*time.Second, "claim lease; a crashed relay's rows are resent after it")
 	fl.DurationVar(&f.publishTimeout, "publish-timeout", 0, "bound on one publish (default lease/3)")
+	fl.DurationVar(&f.drainTimeout, "drain-timeout", 5*time.Second, "on SIGTERM, how long to wait for publishes in flight before handing their rows back")
 	fl.DurationVar(&f.poll, "poll", 50*time.Millisecond, "first idle poll interval")
 	fl.DurationVar(&f.maxPoll, "max-poll", time.Second, "longest idle poll interval (the fallback with LISTEN/NOTIFY)")
 	fl.BoolVar(&f.noNotify, "no-notify", false, "PostgreSQL: poll only, no LISTEN/NOTIFY")
@@ -318,7 +320,7 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	}
 	defer pub.Close()
 	relay, err := outbox.NewRelay(outbox.RelayConfig{
-		Store: store, Publisher: pub, BatchSize: f.batch, Concurrency: f.concurrency, Lease: f.lease, PublishTimeout: f.publishTimeout,
+		Store: store, Publisher: pub, BatchSize: f.batch, Concurrency: f.concurrency, Lease: f.lease, PublishTimeout: f.publishTimeout, DrainTimeout: f.drainTimeout,
 		PollInterval: f.poll, MaxPollInterval: f.maxPoll, DisableNotify: f.noNotify, Ordered: f.ordered,
 		MaxAttempts: f.maxAttempts, Retention: f.retention, PurgeInterval: f.purgeInterval,
 		StatsInterval: f.statsInterval, Recorder: rec, Logger: log,

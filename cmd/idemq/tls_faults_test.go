@@ -25,6 +25,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/sqldb/postgres"
@@ -75,7 +76,7 @@ func TestFaultTLS(t *testing.T) {
 		t.Fatalf("rediss ping: %v", err)
 	}
 	const keyPrefix = "tls:"
-	guard, err := dedup.NewGuard(dedup.Config{Store: redisstore.New(rdb, redisstore.Config{KeyPrefix: keyPrefix})})
+	guard, err := dedup.NewGuard(dedup.Config{Store: redistest.Store(t, rdb, redisstore.Config{KeyPrefix: keyPrefix})})
 	if err != nil {
 		t.Fatal(err)
 	}

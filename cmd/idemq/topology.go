@@ -25,6 +25,12 @@ type appliedObject struct {
 	Kind string `json:"kind"` // exchange, queue, dlq, retry, binding
 	Name string `json:"name"`
 	Info string `json:"info,omitempty"`
+	// Retry queues only: their type and how they hand deliveries back
+	// (at-least-once: quorum, kept until the work queue confirmed;
+	// at-most-once: classic, can drop what expires in a broker restart).
+	Type               string `json:"type,omitempty"`
+	DeadLetterStrategy string `json:"dead_letter_strategy,omitempty"`
+	Overflow           string `json:"overflow,omitempty"`
 }
 
 func newTopologyApplyCmd() *cobra.Command {
@@ -59,6 +65,10 @@ The broker URL is --url, else IDEMQ_AMQP_URL, else the loopback default (guest o
 				return err
 			}
 			objs := describeTopology(top)
+			warnings := top.Warnings()
+			for _, w := range warnings {
+				fmt.Fprintf(cio.err, "warning: %s\n", w)
+			}
 			if !dryRun {
 				u := amqpURL(urlFlag)
 				conn, err := amqp.Dial(u)
@@ -75,7 +85,11 @@ The broker URL is --url, else IDEMQ_AMQP_URL, else the loopback default (guest o
 				}
 			}
 			if cio.json {
-				return cio.printJSON(map[string]any{"dry_run": dryRun, "objects": objs})
+				out := map[string]any{"dry_run": dryRun, "objects": objs}
+				if len(warnings) > 0 {
+					out["warnings"] = warnings
+				}
+				return cio.printJSON(out)
 			}
 			verb := "declared"
 			if dryRun {
@@ -113,7 +127,7 @@ func describeTopology(t topology.Topology) []appliedObject {
 			out = append(out, appliedObject{Kind: "dlq", Name: p.DLQ, Info: "classic"})
 		}
 		for _, r := range p.Retries {
-			out = append(out, appliedObject{Kind: "retry", Name: r.Name, Info: "ttl " + r.Delay.String() + " -> " + p.Queue})
+			out = append(out, describeRetry(p, r))
 		}
 		info := string(p.Type)
 		if p.DeliveryLimit > 0 {
@@ -134,6 +148,26 @@ func describeTopology(t topology.Topology) []appliedObject {
 		out = append(out, appliedObject{Kind: "binding", Name: b.Exchange + " -> " + b.Queue, Info: "routing key " + fmt.Sprintf("%q", b.RoutingKey)})
 	}
 	return out
+}
+
+// describeRetry is the line of a retry queue: its type, dead-letter
+// strategy, overflow and where it hands deliveries back.
+func describeRetry(p topology.Plan, r topology.RetryQueue) appliedObject {
+	o := appliedObject{Kind: "retry", Name: r.Name}
+	o.Type, _ = r.Args[topology.ArgQueueType].(string)
+	o.Overflow, _ = r.Args[topology.ArgOverflow].(string)
+	o.DeadLetterStrategy, _ = r.Args[topology.ArgDLStrategy].(string)
+	if o.DeadLetterStrategy == "" {
+		// A classic queue (or a quorum one without the argument)
+		// dead-letters at most once.
+		o.DeadLetterStrategy = "at-most-once"
+	}
+	o.Info = o.Type + ", dead-letter " + o.DeadLetterStrategy
+	if o.Overflow != "" {
+		o.Info += ", overflow " + o.Overflow
+	}
+	o.Info += ", ttl " + r.Delay.String() + " -> " + p.Queue
+	return o
 }
 
 func durations(ds []time.Duration) string {

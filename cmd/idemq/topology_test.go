@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/topology"
@@ -85,5 +86,74 @@ func TestPasswordsAreRedacted(t *testing.T) {
 	_, _, err = runCLI(t, "", "keys", "get", "x", "--group", "g", "--redis-url", "redis://:hunter2@127.0.0.1:1/0")
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("keys error %v", err)
+	}
+}
+
+// The retry queues' lines say what kind of queue they are: quorum with
+// at-least-once dead-lettering (and the reject-publish overflow it needs),
+// or classic, at most once through a broker restart.
+func TestDescribeTopologyShowsRetryQueueType(t *testing.T) {
+	tests := []struct {
+		name      string
+		retryType topology.QueueType
+		want      []string
+		strategy  string
+		overflow  string
+	}{
+		{"default", "", []string{"quorum", "dead-letter at-least-once", "overflow reject-publish", "ttl 1s -> q1"}, "at-least-once", "reject-publish"},
+		{"quorum", topology.Quorum, []string{"quorum", "dead-letter at-least-once", "overflow reject-publish"}, "at-least-once", "reject-publish"},
+		{"classic", topology.Classic, []string{"classic", "dead-letter at-most-once", "ttl 1s -> q1"}, "at-most-once", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			objs := describeTopology(topology.Topology{Queues: []topology.Queue{
+				{Name: "q1", RetryType: tt.retryType, RetryDelays: []time.Duration{time.Second}},
+			}})
+			var retry *appliedObject
+			for i := range objs {
+				if objs[i].Kind == "retry" {
+					retry = &objs[i]
+				}
+			}
+			if retry == nil {
+				t.Fatalf("no retry line in %+v", objs)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(retry.Info, w) {
+					t.Errorf("retry line %q lacks %q", retry.Info, w)
+				}
+			}
+			if retry.DeadLetterStrategy != tt.strategy || retry.Overflow != tt.overflow {
+				t.Errorf("JSON fields: dead_letter_strategy %q overflow %q, want %q %q", retry.DeadLetterStrategy, retry.Overflow, tt.strategy, tt.overflow)
+			}
+		})
+	}
+}
+
+// TestTopologyApplyWarnsOfClassicRetryOnQuorum: the combination that loses
+// deliveries in a broker restart is declared (it may exist already) but
+// named on stderr and in the JSON output.
+func TestTopologyApplyWarnsOfClassicRetryOnQuorum(t *testing.T) {
+	file := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n    retry_type: classic\n")
+	out, errOut, err := runCLI(t, "", "topology", "apply", "-f", file, "--dry-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errOut, `warning: queue "orders": classic retry queues with a quorum work queue`) {
+		t.Fatalf("no warning on stderr:\n%s", errOut)
+	}
+	if !strings.Contains(out, "would declare") {
+		t.Fatalf("declaration plan missing:\n%s", out)
+	}
+	js, _, err := runCLI(t, "", "topology", "apply", "-f", file, "--dry-run", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js, `"warnings"`) || !strings.Contains(js, "retry_type: quorum") {
+		t.Fatalf("JSON output has no warnings:\n%s", js)
+	}
+	quiet := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n")
+	if _, errOut, err := runCLI(t, "", "topology", "apply", "-f", quiet, "--dry-run"); err != nil || errOut != "" {
+		t.Fatalf("default retry type: err %v, stderr %q", err, errOut)
 	}
 }

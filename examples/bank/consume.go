@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -25,6 +27,7 @@ import (
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/metrics"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/sqldb/postgres"
 	"github.com/idemq/idemq/topology"
@@ -49,8 +52,10 @@ type consumeOpts struct {
 	workers, prefetch           int
 	lease                       time.Duration
 	stats                       string
-	crash                       map[string]bool
-	crashRate                   float64
+	// metricsAddr serves /metrics, /healthz and /readyz (empty: off).
+	metricsAddr string
+	crash       map[string]bool
+	crashRate   float64
 	// freeze is the demo's freeze hook (IDEMQ_BANK_FREEZE=1); nil otherwise.
 	freeze *freezeArm
 }
@@ -78,6 +83,7 @@ func consumeMain(args []string) error {
 	fs.IntVar(&o.prefetch, "prefetch", 100, "prefetch (QoS)")
 	fs.DurationVar(&o.lease, "lease", 5*time.Second, "dedup lease (dedup mode)")
 	fs.StringVar(&o.stats, "stats", "", "write counters as JSON to this file every 25ms and at exit")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (host:port; empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -208,12 +214,23 @@ func consume(ctx context.Context, o consumeOpts) error {
 	topo := topology.Topology{Queues: []topology.Queue{q}}
 	setup := topology.SetupFunc(topo)
 	var counters idemq.Counters
+	var m *metrics.Metrics
+	var consumerRec *metrics.ConsumerRecorder
+	recorder, pubRecorder := idemq.Recorder(&counters), idemq.Recorder(&counters)
+	if o.metricsAddr != "" {
+		if m, err = metrics.New(metrics.Config{}); err != nil {
+			return err
+		}
+		consumerRec = m.Consumer(o.queue, "bank")
+		recorder = metrics.Tee(&counters, consumerRec)
+		pubRecorder = metrics.Tee(&counters, m.Publisher("retry"))
+	}
 	urls := splitList(o.amqpURLs)
 	amqpURL := o.amqpURL
 	if len(urls) > 0 {
 		amqpURL = ""
 	}
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: &counters})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL, URLs: urls, Setup: setup, Logger: log, Recorder: pubRecorder})
 	if err != nil {
 		return err
 	}
@@ -225,40 +242,11 @@ func consume(ctx context.Context, o consumeOpts) error {
 			select {} // never continue past a crash point
 		}
 	}
-	// effect applies a transfer in tx and records that it did (bank_applied
-	// is how the demo counts applications: it commits with the effect).
-	effect := func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
-		t, err := parseTransfer(d.Body)
-		if err != nil {
-			return idemq.Reject(idemq.ReasonUnparseable, err)
-		}
-		if _, err := tx.Exec(ctx, applySQL, t.Account, t.Amount); err != nil {
-			return fmt.Errorf("apply: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode) VALUES ($1, $2)`, d.MessageID, o.mode); err != nil {
-			return fmt.Errorf("record: %w", err)
-		}
+	effect := transferEffect(o.mode, func(context.Context) {
 		crash(crashInHandler)
 		o.freeze.hit()
-		return nil
-	}
-	// ownTx runs effect in a transaction of its own (modes none and dedup).
-	//
-	// Under the dedup guard the handler's context is cancelled when its
-	// lease is lost (a process frozen past its lease). The transaction
-	// checks the lease as its last statement and commits on a context
-	// the lease does not cancel: a COMMIT already sent when the process
-	// froze must not be reported as failed once it wakes up (pgx would
-	// abandon it with "context canceled" although it landed, and the
-	// guard would give the delivery back to be applied again).
-	ownTx := idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		err := commitOwnTx(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
-		if err != nil {
-			return inbox.Classify(err) // a lost database is not the message's fault
-		}
-		crash(crashAfterCommit)
-		return nil
 	})
+	ownTx := ownTxHandler(pool, effect, func(context.Context) { crash(crashAfterCommit) })
 
 	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub}))
 	if err != nil {
@@ -284,7 +272,11 @@ func consume(ctx context.Context, o consumeOpts) error {
 		if err != nil {
 			return err
 		}
-		g, err := dedup.NewGuard(dedup.Config{Store: store, Prefix: "bank", Lease: o.lease, Logger: log})
+		var guarded dedup.Store = store
+		if m != nil {
+			guarded = m.Store("redis", store)
+		}
+		g, err := dedup.NewGuard(dedup.Config{Store: guarded, Prefix: "bank", Lease: o.lease, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -294,7 +286,11 @@ func consume(ctx context.Context, o consumeOpts) error {
 	case "inbox":
 		var ib *inbox.Inbox[pgx.Tx]
 		err := waitFor(ctx, log, "postgres (inbox table)", func(ctx context.Context) (err error) {
-			ib, err = inbox.New(ctx, postgres.Pgx(pool), inbox.Config{Logger: log})
+			icfg := inbox.Config{Logger: log}
+			if m != nil {
+				icfg.Observer = m.Inbox("bank")
+			}
+			ib, err = inbox.New(ctx, postgres.Pgx(pool), icfg)
 			return err
 		})
 		if err != nil {
@@ -309,7 +305,7 @@ func consume(ctx context.Context, o consumeOpts) error {
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		URL: amqpURL, URLs: urls, Queue: o.queue, Group: "bank", Prefetch: o.prefetch, Workers: o.workers,
-		Setup: setup, Recorder: &counters, Logger: log,
+		Setup: setup, Recorder: recorder, Logger: log,
 		Pipeline:        idemq.Pipeline{Policy: policy, Middleware: mws, Guard: guard, Handler: handler},
 		ShutdownTimeout: 10 * time.Second, Breaker: idemq.BreakerConfig{Probes: probes},
 	})
@@ -320,7 +316,79 @@ func consume(ctx context.Context, o consumeOpts) error {
 		stopStats := writeStats(o.stats, &counters)
 		defer stopStats()
 	}
+	if m != nil {
+		consumerRec.Watch(c)
+		// The breaker's probes: PostgreSQL, then the mode's store (the
+		// dedup guard's Redis, the inbox table).
+		checks := map[string]metrics.Check{"consumer": metrics.ConsumerReady(c), "postgres": probes[0]}
+		if len(probes) > 1 {
+			checks[o.mode] = probes[1]
+		}
+		stop, err := serveHealth(ctx, o.metricsAddr, metrics.HealthConfig{Gatherer: m.Gatherer(), Checks: checks})
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	return c.Run(ctx)
+}
+
+// transferEffect is the bank's effect: it applies a transfer in tx and
+// records that it did (bank_applied is how the demo counts applications:
+// it commits with the effect). inHandler runs after the writes, before
+// the commit (the crash and freeze hooks; idemqtest.CrashPoint in the
+// kit's test).
+func transferEffect(mode string, inHandler func(context.Context)) func(context.Context, pgx.Tx, *idemq.Delivery) error {
+	return func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
+		t, err := parseTransfer(d.Body)
+		if err != nil {
+			return idemq.Reject(idemq.ReasonUnparseable, err)
+		}
+		if _, err := tx.Exec(ctx, applySQL, t.Account, t.Amount); err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode) VALUES ($1, $2)`, d.MessageID, mode); err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		inHandler(ctx)
+		return nil
+	}
+}
+
+// ownTxHandler runs effect in a transaction of its own (modes none and
+// dedup); afterCommit runs once it committed.
+//
+// Under the dedup guard the handler's context is cancelled when its
+// lease is lost (a process frozen past its lease). The transaction
+// checks the lease as its last statement and commits on a context
+// the lease does not cancel: a COMMIT already sent when the process
+// froze must not be reported as failed once it wakes up (pgx would
+// abandon it with "context canceled" although it landed, and the
+// guard would give the delivery back to be applied again).
+func ownTxHandler(pool *pgxpool.Pool, effect func(context.Context, pgx.Tx, *idemq.Delivery) error, afterCommit func(context.Context)) idemq.Handler {
+	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		err := commitOwnTx(ctx, pool, func(tx pgx.Tx) error { return effect(ctx, tx, d) })
+		if err != nil {
+			return inbox.Classify(err) // a lost database is not the message's fault
+		}
+		afterCommit(ctx)
+		return nil
+	})
+}
+
+// serveHealth serves /metrics, /healthz and /readyz on addr until stop.
+func serveHealth(ctx context.Context, addr string, cfg metrics.HealthConfig) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: metrics.NewHealth(cfg), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}, nil
 }
 
 // commitTimeout bounds a COMMIT, which runs on a context the handler's

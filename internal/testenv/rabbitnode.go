@@ -110,7 +110,15 @@ func StartPrivateRabbit(t testing.TB, cfg RabbitNodeConfig) *PrivateNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		// IDEMQ_KEEP_FAILED_NODE=1 keeps a failed test's node folder
+		// (mnesia and logs) for a post-mortem.
+		if t.Failed() && os.Getenv("IDEMQ_KEEP_FAILED_NODE") != "" {
+			t.Logf("kept the private node's folder %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
 	for _, sub := range []string{"mnesia", "log"} {
 		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
 			t.Fatal(err)

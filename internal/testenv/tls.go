@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/privatepg"
 )
 
 // TLSServers are a RabbitMQ node, a Redis server and a PostgreSQL cluster
@@ -50,7 +52,7 @@ func StartTLS(t testing.TB) *TLSServers {
 			Unavailable(t, b+" (for private TLS servers)", "", err)
 		}
 	}
-	if _, err := pgBin("initdb"); err != nil {
+	if err := privatepg.Installed(); err != nil {
 		Unavailable(t, "PostgreSQL binaries (initdb, for private TLS servers)", "PATH", err)
 	}
 	if os.Geteuid() != 0 {
