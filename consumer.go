@@ -60,7 +60,10 @@ type ConsumerConfig struct {
 	Pipeline Pipeline
 	// Prefetch is the channel QoS (unacked deliveries in flight). Default 200.
 	Prefetch int
-	// Workers is the number of handler goroutines. Default 4.
+	// Workers is the number of handler goroutines. Default 4, or what
+	// Pipeline.Guard suggests when it implements [WorkerHint] (the dedup
+	// guard on a store that groups calls, the Redis store: enough workers
+	// for its round trips to be shared: 64 with the guard's defaults).
 	Workers int
 	// AckBatch is the number of acks coalesced into one multiple-ack.
 	// Default 50; 1 acks each delivery on its own.
@@ -137,6 +140,9 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	}
 	if c.Workers <= 0 {
 		c.Workers = 4
+		if h, ok := c.Pipeline.Guard.(WorkerHint); ok {
+			c.Workers = max(c.Workers, min(h.SuggestWorkers(c.Prefetch), c.Prefetch))
+		}
 	}
 	if c.AckBatch <= 0 {
 		c.AckBatch = 50
@@ -239,6 +245,10 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	c.brk = newBreaker(cfg.Breaker, c.rec, c.log)
 	return c, nil
 }
+
+// Config returns the effective configuration (defaults filled, Workers
+// as the pipeline's guard suggested it when unset).
+func (c *Consumer) Config() ConsumerConfig { return c.cfg }
 
 // Counters returns the consumer's in-memory counters (nil when a custom
 // Recorder that is not a *Counters was configured).

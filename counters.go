@@ -12,7 +12,9 @@ import (
 // rejected, requeued, dependency_unavailable) are counted by the consumer
 // from the [Decision] it carried out, once per delivery, whatever layers
 // the pipeline has; the layers count only their own events (leases lost,
-// store errors, in-flight deferrals, …).
+// store errors, in-flight deferrals, …). A delivery's outcome is counted
+// before it is counted acked: once acked reaches n, the outcomes of those
+// n deliveries are in their counters.
 const (
 	CountDelivered      = "delivered"         // deliveries received from the broker
 	CountRedelivered    = "redelivered"       // of which flagged redelivered by the broker

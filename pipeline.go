@@ -39,6 +39,19 @@ type Layer interface {
 	Wrap(next Handler) Handler
 }
 
+// WorkerHint is implemented by a [Layer] that needs more concurrent
+// deliveries than the consumer's default to keep up: the dedup guard on a
+// store that shares one round trip among concurrent calls (the Redis
+// store) is as fast as the number of deliveries in flight lets its batches
+// be. When [ConsumerConfig.Workers] is unset, the consumer asks
+// Pipeline.Guard for it (never more than the prefetch window, never less
+// than the default 4).
+type WorkerHint interface {
+	// SuggestWorkers returns the handler concurrency the layer wants with
+	// prefetch deliveries unacked at most; 0: no opinion.
+	SuggestWorkers(prefetch int) int
+}
+
 // ErrNoHandler is returned for a [Pipeline] without a Handler.
 var ErrNoHandler = errors.New("idemq: Pipeline.Handler is required")
 

@@ -169,7 +169,12 @@ func (x *executor) observe(d *Delivery, dec Decision, handler time.Duration) {
 }
 
 // settle acks or nacks the delivery as dec says and counts its outcome.
+// The outcome is counted first, acked last: a reader that sees acked
+// reach n sees the outcomes of those n deliveries counted too (workers
+// settle concurrently; counting acked first let a reader see it ahead of
+// processed).
 func (x *executor) settle(ctx context.Context, d *Delivery, tag uint64, dec Decision) {
+	x.count(d, dec)
 	switch dec.Action {
 	case ActionAck, ActionPublish: // a publish here was confirmed
 		x.rec.Add(CountAcked, 1)
@@ -183,7 +188,6 @@ func (x *executor) settle(ctx context.Context, d *Delivery, tag uint64, dec Deci
 			"after", dec.Delay, "reason", dec.Reason, "err", dec.Err)
 		x.rq.Later(tag, dec.Delay)
 	}
-	x.count(d, dec)
 }
 
 // count records dec's outcome (the requeuer counts the nack itself).

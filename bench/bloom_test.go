@@ -51,7 +51,7 @@ func BenchmarkBloom(b *testing.B) {
 		// The exact store first, in the same benchmark, so that the
 		// comparison is between neighbours of one run.
 		consumeCase(b, "exact-redis"+suffix, 0, func(b *testing.B, r *run) {
-			guardConsume(b, r, consumerOpts{}, redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: auto}))
+			guardConsume(b, r, consumerOpts{Workers: DedupWorkers}, redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: auto}))
 		})
 		// Lease, recent done marker and filter bits in one hash slot, one
 		// script per operation.
@@ -65,7 +65,7 @@ func BenchmarkBloom(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			guardConsume(b, r, consumerOpts{}, st)
+			guardConsume(b, r, consumerOpts{Workers: DedupWorkers}, st)
 		})
 		// The generic tiered store: redisstore leases, the filter in Redis
 		// bitmaps (separate round trips).
@@ -77,7 +77,7 @@ func BenchmarkBloom(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			guardConsume(b, r, consumerOpts{}, tiered(b, redistest.Store(b, c, redisstore.Config{AutoPipeline: auto}), f))
+			guardConsume(b, r, consumerOpts{Workers: DedupWorkers}, tiered(b, redistest.Store(b, c, redisstore.Config{AutoPipeline: auto}), f))
 		})
 		// The generic tiered store with the filter in process.
 		consumeCase(b, "tiered-redis-leases-local-filter"+suffix, 0, func(b *testing.B, r *run) {
@@ -85,7 +85,7 @@ func BenchmarkBloom(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			guardConsume(b, r, consumerOpts{}, tiered(b, redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: auto}), f))
+			guardConsume(b, r, consumerOpts{Workers: DedupWorkers}, tiered(b, redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: auto}), f))
 		})
 	}
 }

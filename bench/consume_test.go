@@ -129,11 +129,15 @@ func rawConsume(b *testing.B, queue string, n, every int) {
 	}
 }
 
-// consumerOpts are the consumer settings a case varies. Zero values mean 4
-// workers and Prefetch.
+// consumerOpts are the consumer settings a case varies. Zero values are
+// the consumer's defaults (Workers: 4, or what Guard suggests; Prefetch).
 type consumerOpts struct {
 	Workers  int
 	Prefetch int
+	// Guard goes in Pipeline.Guard, as the README puts it.
+	Guard idemq.Layer
+	// BatchesInFlight is the dedup guard's (0: its default).
+	BatchesInFlight int
 	// Metrics, when set, gets the consumer's outcomes and durations
 	// (metrics.Consumer, teed with the in-memory counters).
 	Metrics *metrics.Metrics
@@ -145,9 +149,6 @@ type consumerOpts struct {
 // wrapped so that r.Lat gets, per delivery, the time spent in the
 // middleware mws outside the handler (see latencies).
 func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
-	if o.Workers == 0 {
-		o.Workers = 4
-	}
 	if o.Prefetch == 0 {
 		o.Prefetch = Prefetch
 	}
@@ -177,7 +178,7 @@ func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: r.Queue, Prefetch: o.Prefetch, Workers: o.Workers, Recorder: recorder,
-		Pipeline: idemq.Pipeline{Middleware: append([]idemq.Middleware{outer}, mws...), Handler: timed(h)},
+		Pipeline: idemq.Pipeline{Middleware: append([]idemq.Middleware{outer}, mws...), Guard: o.Guard, Handler: timed(h)},
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

@@ -19,11 +19,6 @@ import (
 	"github.com/idemq/idemq/sqldb/postgres"
 )
 
-// DedupWorkers is the handler concurrency of the dedup cases: each message
-// costs two store round trips (claim, complete), so throughput comes from
-// having many in flight, well within the prefetch window.
-const DedupWorkers = 32
-
 func noop() idemq.Handler {
 	return idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })
 }
@@ -84,6 +79,12 @@ func createDB(b *testing.B, name string) string {
 	return u.String()
 }
 
+// DedupWorkers is the handler concurrency of the SQL cases (dedup store,
+// inbox): each message costs store round trips that are not grouped, so
+// throughput comes from having many in flight. The Redis and memory cases
+// run at the consumer's default (the guard's suggestion).
+const DedupWorkers = 32
+
 // guardConsume runs the dedup guard on store with a no-op handler and
 // checks the outcome: every delivery acked, the duplicates suppressed and
 // every other message processed once.
@@ -92,14 +93,13 @@ func guardConsume(b *testing.B, r *run, o consumerOpts, store dedup.Store) *idem
 }
 
 // guardConsumeBatch is guardConsume with the guard's MaxBatch (0: the
-// default; 1: every store call its own round trip).
+// default; 1: every store call its own round trip). The guard is the
+// pipeline's Guard, so o.Workers 0 is the consumer's default for it, as
+// in the README's snippet.
 func guardConsumeBatch(b *testing.B, r *run, o consumerOpts, store dedup.Store, maxBatch int) *idemq.Counters {
-	if o.Workers == 0 {
-		o.Workers = DedupWorkers
-	}
 	prefix := fmt.Sprintf("idemq-bench-%d", time.Now().UnixNano())
 	guard, err := dedup.NewGuard(dedup.Config{
-		Store: store, Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch,
+		Store: store, Prefix: prefix, Lease: 30 * time.Second, Window: time.Hour, MaxBatch: maxBatch, BatchesInFlight: o.BatchesInFlight,
 		// A duplicate that overtakes its original (only in tiny smoke runs,
 		// where the gap is one message) comes back soon, not after the lease.
 		InFlightRetryAfter: 5 * time.Millisecond,
@@ -107,7 +107,8 @@ func guardConsumeBatch(b *testing.B, r *run, o consumerOpts, store dedup.Store, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	rec := idemqConsume(b, r, o, noop(), guard.Middleware())
+	o.Guard = guard
+	rec := idemqConsume(b, r, o, noop())
 	checkOnce(b, r, rec)
 	return rec
 }
@@ -150,11 +151,55 @@ func dedupCases() []struct {
 		{"idemq-dedup-redis", consumerOpts{}, 0, redis(false)},
 		// Every claim and complete its own round trip (the guard's
 		// grouping off), through go-redis' autopipeliner.
-		{"idemq-dedup-redis-unbatched-autopipeline", consumerOpts{}, 1, redis(true)},
+		{"idemq-dedup-redis-unbatched-autopipeline", consumerOpts{Workers: 32}, 1, redis(true)},
+	}
+}
+
+// recipeConsume is the seeds' recipe, what blog posts copy: a plain
+// amqp091-go consumer (one goroutine, prefetch Prefetch) that does
+// SET id NX EX 24h for each delivery, runs the handler when the SET took
+// and acks each delivery. No lease: a crash between the SET and the effect
+// loses the message, a failing handler leaves its key behind. It is the
+// baseline of what idemq's guard costs against what people write.
+func recipeConsume(b *testing.B, r *run) {
+	rdb := redisClient(b)
+	prefix := fmt.Sprintf("recipe-bench-%d:", time.Now().UnixNano())
+	conn := dial(b)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ch.Qos(Prefetch, 0, false); err != nil {
+		b.Fatal(err)
+	}
+	ds, err := ch.Consume(r.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	processed := 0
+	for i := 0; i < r.N; i++ {
+		d := <-ds
+		first, err := rdb.SetNX(ctx, prefix+d.MessageId, 1, 24*time.Hour).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if first {
+			processed++ // the handler
+		}
+		if err := d.Ack(false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if want := r.N - r.Dups; processed != want {
+		b.Fatalf("%d processed, want %d", processed, want)
 	}
 }
 
 func BenchmarkDedup(b *testing.B) {
+	consumeCase(b, "recipe-setnx-ack", 0, recipeConsume)
+	consumeCase(b, "recipe-setnx-ack-dup20", DupEvery, recipeConsume)
 	for _, dups := range []int{0, DupEvery} {
 		for _, c := range dedupCases() {
 			name := c.name
@@ -171,9 +216,13 @@ func BenchmarkDedup(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer st.Close()
-		guardConsume(b, r, consumerOpts{}, st)
+		guardConsume(b, r, consumerOpts{Workers: DedupWorkers}, st)
 	})
 }
+
+// twoRoundTrips hides a store's dedup.MixedBatchStore: the guard groups
+// claims and completes in batches of their own.
+type twoRoundTrips struct{ dedup.BatchStore }
 
 // BenchmarkRedisTuning varies the consumer around the Redis store (issue
 // target: ≥ 1.0× raw ack-each): handler concurrency (the more workers, the
@@ -187,15 +236,25 @@ func BenchmarkRedisTuning(b *testing.B) {
 		o        consumerOpts
 	}{
 		{"redis-w16", false, 0, consumerOpts{Workers: 16}},
+		{"redis-w32", false, 0, consumerOpts{Workers: 32}},
 		{"redis-w64", false, 0, consumerOpts{Workers: 64}},
 		{"redis-w128", false, 0, consumerOpts{Workers: 128}},
 		{"redis-w64-prefetch500", false, 0, consumerOpts{Workers: 64, Prefetch: 500}},
 		{"redis-w128-prefetch500", false, 0, consumerOpts{Workers: 128, Prefetch: 500}},
+		{"redis-two-round-trips", false, 0, consumerOpts{}},
+		{"redis-2-batches-in-flight", false, 0, consumerOpts{BatchesInFlight: 2}},
+		{"redis-w128-2-batches-in-flight", false, 0, consumerOpts{Workers: 128, BatchesInFlight: 2}},
 		{"redis-unbatched-w64", false, 1, consumerOpts{Workers: 64}},
 		{"redis-unbatched-autopipeline-w64", true, 1, consumerOpts{Workers: 64}},
 	} {
 		consumeCase(b, c.name, 0, func(b *testing.B, r *run) {
-			guardConsumeBatch(b, r, c.o, redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: c.auto}), c.maxBatch)
+			var st dedup.Store = redistest.Store(b, redisClient(b), redisstore.Config{AutoPipeline: c.auto})
+			if c.name == "redis-two-round-trips" {
+				// Claims and completes grouped apart, as before the
+				// store's mixed batches: two round trips per message.
+				st = twoRoundTrips{st.(dedup.BatchStore)}
+			}
+			guardConsumeBatch(b, r, c.o, st, c.maxBatch)
 		})
 	}
 }

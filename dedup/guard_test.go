@@ -465,3 +465,136 @@ func reasonOf(err error) string {
 	}
 	return ""
 }
+
+// The consumer's Workers default follows the guard: enough concurrent
+// deliveries for a grouping store's batches (the README's snippet gets the
+// fast path), the plain default otherwise, and never what the user set.
+func TestConsumerWorkersDefaultFollowsTheGuard(t *testing.T) {
+	batching := func() dedup.Store { return &batchingMemory{Memory: dedup.NewMemory(dedup.MemoryConfig{})} }
+	plain := func() dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) }
+	tests := []struct {
+		name      string
+		store     func() dedup.Store
+		maxBatch  int
+		workers   int
+		prefetch  int
+		want      int
+		withGuard bool
+	}{
+		{"no guard", nil, 0, 0, 0, 4, false},
+		{"guard, store without batches", plain, 0, 0, 0, 4, true},
+		{"guard, batching store", batching, 0, 0, 0, 64, true},
+		{"guard, batching store, grouping off", batching, 1, 0, 0, 4, true},
+		{"capped by the prefetch window", batching, 0, 0, 50, 50, true},
+		{"MaxBatch 32", batching, 32, 0, 0, 16, true},
+		{"MaxBatch 2", batching, 2, 0, 0, 4, true},
+		{"Workers set wins", batching, 0, 8, 0, 8, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })}
+			if tc.withGuard {
+				g, err := dedup.NewGuard(dedup.Config{Store: tc.store(), MaxBatch: tc.maxBatch, Logger: quiet()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Guard = g
+			}
+			c, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: "q", Pipeline: p, Workers: tc.workers, Prefetch: tc.prefetch, Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := c.Config().Workers; got != tc.want {
+				t.Fatalf("Workers = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// mixedMemory is batchingMemory with dedup.MixedBatchStore: it counts the
+// Batch calls that carried claims and completes together.
+type mixedMemory struct {
+	batchingMemory
+	mixedMu           sync.Mutex
+	calls, bothKinds  int
+	mixedClaimReqs    int
+	mixedCompleteReqs int
+}
+
+func (m *mixedMemory) Batch(ctx context.Context, claims []dedup.ClaimRequest, completes []dedup.CompleteRequest) ([]dedup.ClaimReply, []error) {
+	time.Sleep(2 * time.Millisecond) // a round trip, so calls pile up
+	cr := make([]dedup.ClaimReply, len(claims))
+	for i, r := range claims {
+		cr[i].Claim, cr[i].Err = m.Claim(ctx, r.Key, r.Token, r.Lease)
+	}
+	er := make([]error, len(completes))
+	for i, r := range completes {
+		er[i] = m.Complete(ctx, r.Key, r.Token, r.Window)
+	}
+	m.mixedMu.Lock()
+	m.calls++
+	if len(claims) > 0 && len(completes) > 0 {
+		m.bothKinds++
+	}
+	m.mixedClaimReqs += len(claims)
+	m.mixedCompleteReqs += len(completes)
+	m.mixedMu.Unlock()
+	return cr, er
+}
+
+// With a MixedBatchStore the guard sends claims of new deliveries and
+// completes of finished ones in the same batches (one round trip where
+// there were two), and every delivery keeps its order: claimed before its
+// handler runs, completed after.
+func TestGuardSharesRoundTripsBetweenClaimsAndCompletes(t *testing.T) {
+	st := &mixedMemory{batchingMemory: batchingMemory{Memory: dedup.NewMemory(dedup.MemoryConfig{})}}
+	counters := &idemq.Counters{}
+	ctx := idemq.WithRecorder(context.Background(), counters)
+	var runs sync.Map
+	h := idemq.Chain(idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+		if _, loaded := runs.LoadOrStore(d.MessageID, true); loaded {
+			t.Errorf("handler ran twice for %s", d.MessageID)
+		}
+		// Claimed before the handler runs.
+		rec, ok, err := st.Get(ctx, dedup.Key("idemq", "g", d.MessageID))
+		if err != nil || !ok || rec.State != dedup.StateProcessing {
+			t.Errorf("%s in its handler: record %+v ok=%v err=%v, want processing", d.MessageID, rec, ok, err)
+		}
+		// Handlers of different lengths, as in a consumer: workers do not
+		// move in step, so claims and completes meet in batches.
+		var n int
+		_, _ = fmt.Sscan(d.MessageID, &n)
+		time.Sleep(time.Duration(n%4) * time.Millisecond)
+		return nil
+	}), guardMW(st, dedup.Config{Logger: quiet()}))
+	const workers, ids = 32, 400
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < ids; i += workers {
+				if err := h.Handle(ctx, delivery(fmt.Sprint(i))); err != nil {
+					t.Errorf("Handle(%d): %v", i, err)
+				}
+				// Completed once Handle returned (the consumer acks then).
+				rec, ok, err := st.Get(ctx, dedup.Key("idemq", "g", fmt.Sprint(i)))
+				if err != nil || !ok || rec.State != dedup.StateDone {
+					t.Errorf("%d after Handle: record %+v ok=%v err=%v, want done", i, rec, ok, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	st.mixedMu.Lock()
+	defer st.mixedMu.Unlock()
+	if st.mixedClaimReqs != ids || st.mixedCompleteReqs != ids {
+		t.Fatalf("Batch got %d claims and %d completes, want %d each", st.mixedClaimReqs, st.mixedCompleteReqs, ids)
+	}
+	if st.claimBatches != 0 || st.completeReqs != 0 {
+		t.Fatalf("ClaimBatch/CompleteBatch used beside Batch (%d, %d)", st.claimBatches, st.completeReqs)
+	}
+	if st.bothKinds == 0 || st.calls >= 2*ids {
+		t.Fatalf("%d Batch calls, %d with both kinds: claims and completes not sharing round trips", st.calls, st.bothKinds)
+	}
+}

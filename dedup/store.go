@@ -163,6 +163,21 @@ type BatchStore interface {
 	CompleteBatch(ctx context.Context, reqs []CompleteRequest) []error
 }
 
+// MixedBatchStore is a [BatchStore] that also answers claims and
+// completes of different deliveries together, in one round trip (Redis:
+// one pipeline holding the SET NX of new deliveries and the complete
+// scripts of finished ones). When the store has it, the guard groups both
+// kinds of calls into the same batches: a busy consumer makes one round
+// trip where it made two. Each request is answered exactly as Claim or
+// Complete would answer it; requests on the same key are run in the
+// order of the slices, claims first.
+type MixedBatchStore interface {
+	BatchStore
+	// Batch answers each claim as ClaimBatch and each complete as
+	// CompleteBatch would, in order.
+	Batch(ctx context.Context, claims []ClaimRequest, completes []CompleteRequest) ([]ClaimReply, []error)
+}
+
 // ClaimRequest is one Claim in a [BatchStore.ClaimBatch].
 type ClaimRequest struct {
 	Key, Token string

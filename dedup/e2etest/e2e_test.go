@@ -144,8 +144,8 @@ func TestHandlerFailureAfterClaimIsRedelivered(t *testing.T) {
 					t.Errorf("%s applied %d times, want 1", id, got)
 				}
 			}
-			if r, p := cnt.Get(idemq.CountRejected), cnt.Get(idemq.CountProcessed); r != n || p != n {
-				t.Errorf("rejected %d processed %d, want %d and %d", r, p, n, n)
+			if r, p, d := cnt.Get(idemq.CountRejected), cnt.Get(idemq.CountProcessed), cnt.Get(idemq.CountDuplicates); r != n || p != n || d != 0 {
+				t.Errorf("rejected %d processed %d duplicates %d, want %d, %d and 0", r, p, d, n, n)
 			}
 		})
 	}

@@ -14,6 +14,14 @@
 // IDs of one group over the whole cluster, and every script declares its one
 // key in KEYS, so no operation ever crosses slots.
 //
+// Batches: the guard groups the claims and completes of concurrent
+// deliveries ([dedup.MixedBatchStore]). On a single-node client (a plain
+// or Sentinel client) a whole batch is one script call that runs each
+// request's SET NX / claim / complete in order, atomic per key as the
+// single calls are; a batch's keys may then be in different slots, which
+// only a single node allows. Cluster and Ring clients get a pipeline of
+// the per-key commands instead.
+//
 // Memory: a done record costs the key plus a 1-byte value and an expiry;
 // see docs/BENCHMARKS.md for the measured bytes per remembered ID.
 package redisstore

@@ -55,15 +55,19 @@ type Store struct {
 	client redis.UniversalClient // single calls (the autopipeliner if asked for)
 	raw    redis.UniversalClient // explicit pipelines of the batch calls
 	cfg    Config
+	// oneScript: batches go as one batchScript call (a single-node
+	// client: keys of different hash slots may share a script).
+	oneScript bool
 
 	waitShort atomic.Int64 // Completes whose WAIT saw fewer replicas than WaitReplicas
 }
 
 var (
-	_ dedup.Store         = (*Store)(nil)
-	_ dedup.BatchStore    = (*Store)(nil)
-	_ dedup.Inspector     = (*Store)(nil)
-	_ dedup.IdleForgetter = (*Store)(nil)
+	_ dedup.Store           = (*Store)(nil)
+	_ dedup.BatchStore      = (*Store)(nil)
+	_ dedup.MixedBatchStore = (*Store)(nil)
+	_ dedup.Inspector       = (*Store)(nil)
+	_ dedup.IdleForgetter   = (*Store)(nil)
 )
 
 // ErrNoClient is returned by [New] without a Redis client.
@@ -91,6 +95,11 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		cfg.WaitTimeout = 100 * time.Millisecond
 	}
 	s := &Store{client: client, raw: client, cfg: cfg}
+	switch client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+	default:
+		s.oneScript = true
+	}
 	if cfg.AutoPipeline {
 		if ap, err := client.AutoPipeline(); err == nil {
 			s.client = ap
@@ -137,6 +146,72 @@ if not v then
   redis.call('SET', KEYS[1], 'd', 'PX', ARGV[2])
 end
 return 0
+`)
+
+// batchScript answers a whole batch in one script call: KEYS are the
+// claims' keys, then the completes' keys; ARGV[1] is the number of claims,
+// then a token and a lease (ms) per claim, then a token and a window (ms)
+// per complete. Each claim and complete does what Claim (SET NX, then the
+// claim script) and the complete script do, claims first, in order. The
+// reply is a code and a PTTL per claim (1 acquired, 2 in flight, 3 done),
+// then 1 or 0 per complete. A key that holds another type (GET answers
+// WRONGTYPE) fails its own request only: claim code 4, complete -1. One
+// script call instead of a command per key
+// spares Redis the per-command (and per-script) overhead and the client a
+// reply per key. Keys of one call may be in different hash slots, so it is
+// used with single-node clients only (not Cluster, not Ring).
+var batchScript = redis.NewScript(`
+local nc = tonumber(ARGV[1])
+local out = {}
+local a = 2
+local function get(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    return nil, true
+  end
+  return v, false
+end
+for i = 1, nc do
+  local k, mine, lease = KEYS[i], 'p:' .. ARGV[a], ARGV[a + 1]
+  a = a + 2
+  if redis.call('SET', k, mine, 'NX', 'PX', lease) then
+    out[#out + 1] = 1
+    out[#out + 1] = 0
+  else
+    local v, bad = get(k)
+    if bad then
+      out[#out + 1] = 4
+      out[#out + 1] = 0
+    elseif not v or v == mine then
+      redis.call('SET', k, mine, 'PX', lease)
+      out[#out + 1] = 1
+      out[#out + 1] = 0
+    elseif v == 'd' then
+      out[#out + 1] = 3
+      out[#out + 1] = 0
+    else
+      out[#out + 1] = 2
+      out[#out + 1] = redis.call('PTTL', k)
+    end
+  end
+end
+for i = nc + 1, #KEYS do
+  local k = KEYS[i]
+  local v, bad = get(k)
+  if bad then
+    out[#out + 1] = -1
+  elseif v == 'p:' .. ARGV[a] then
+    redis.call('SET', k, 'd', 'PX', ARGV[a + 1])
+    out[#out + 1] = 1
+  else
+    if not v then
+      redis.call('SET', k, 'd', 'PX', ARGV[a + 1])
+    end
+    out[#out + 1] = 0
+  end
+  a = a + 2
+end
+return out
 `)
 
 var releaseScript = redis.NewScript(`
@@ -186,6 +261,10 @@ func ms(d time.Duration) int64 {
 	return int64(n)
 }
 
+// errNotRecord: a key of the batch holds a value of another type (not a
+// dedup record); only its own request fails.
+var errNotRecord = errors.New("redisstore: not a dedup record")
+
 func storeErr(op string, err error) error { return &dedup.StoreError{Op: op, Err: err} }
 
 func (s *Store) prepare(ctx context.Context, op, key string) error {
@@ -222,18 +301,72 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 // sends PX, as the scripts do.
 func msDuration(d time.Duration) time.Duration { return time.Duration(ms(d)) * time.Millisecond }
 
-// ClaimBatch implements [dedup.BatchStore]: one pipeline of SET NX for all
-// the keys, then one pipeline of claim scripts for the keys that existed.
+// ClaimBatch implements [dedup.BatchStore]: as [Store.Batch] without
+// completes (one script call on a single-node client; on Cluster and Ring
+// one pipeline of SET NX, then one of claim scripts for the keys that
+// existed).
 func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []dedup.ClaimReply {
-	out := make([]dedup.ClaimReply, len(reqs))
+	claims, _ := s.Batch(ctx, reqs, nil)
+	return claims
+}
+
+// Batch implements [dedup.MixedBatchStore]. On a single-node client it is
+// one call of batchScript. On Cluster and Ring (keys of a batch are in
+// different slots): one pipeline holds a SET NX per
+// claim and a complete script per complete; a second one runs the claim
+// script for the claimed keys that existed (a duplicate, a lease held
+// elsewhere), and, the first time, the complete scripts Redis did not have
+// cached. A claim on a key that a complete of the same call is on goes as
+// the claim script (EVAL) in the first pipeline, before the completes, so
+// claims are answered first as the contract says. With WaitReplicas the
+// completes follow in their own pipeline, with their WAIT.
+func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, completes []dedup.CompleteRequest) ([]dedup.ClaimReply, []error) {
+	if s.cfg.WaitReplicas > 0 && len(completes) > 0 {
+		out, _ := s.Batch(ctx, claims, nil)
+		return out, s.CompleteBatch(ctx, completes)
+	}
+	if s.oneScript {
+		return s.batchOneScript(ctx, claims, completes)
+	}
+	out := make([]dedup.ClaimReply, len(claims))
+	var done []error
+	var completing map[string]bool
+	if len(completes) > 0 && len(claims) > 0 {
+		completing = make(map[string]bool, len(completes))
+		for _, r := range completes {
+			completing[r.Key] = true
+		}
+	}
+	var scripted map[int]*redis.Cmd // claims sent as the script
 	pipe := s.raw.Pipeline()
-	setnx := make([]*redis.BoolCmd, len(reqs))
-	for i, r := range reqs {
+	setnx := make([]*redis.BoolCmd, len(claims))
+	for i, r := range claims {
 		if err := s.prepare(ctx, "claim", r.Key); err != nil {
 			out[i].Err = err
 			continue
 		}
+		if completing[r.Key] {
+			if scripted == nil {
+				scripted = make(map[int]*redis.Cmd)
+			}
+			scripted[i] = claimScript.Eval(ctx, pipe, []string{s.RedisKey(r.Key)}, r.Token, ms(r.Lease))
+			continue
+		}
 		setnx[i] = pipe.SetNX(ctx, s.RedisKey(r.Key), "p:"+r.Token, msDuration(r.Lease))
+	}
+	var cidx []int
+	var ccmds []*redis.Cmd
+	if completes != nil {
+		done = make([]error, len(completes))
+		for i, r := range completes {
+			if err := s.prepare(ctx, "complete", r.Key); err != nil {
+				done[i] = err
+				continue
+			}
+			cidx = append(cidx, i)
+			keys, a := completeArgs(s, r)
+			ccmds = append(ccmds, completeScript.EvalSha(ctx, pipe, keys, a...))
+		}
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // errors are read per command
@@ -253,11 +386,39 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 			exists = append(exists, i)
 		}
 	}
+	for i, c := range scripted {
+		vals, err := c.Int64Slice()
+		if err != nil {
+			out[i].Err = storeErr("claim", err)
+			continue
+		}
+		out[i].Claim, out[i].Err = claimResult(vals)
+	}
+	// Completes whose script was not cached yet: again, as EVAL.
+	var missing []int
+	for j, c := range ccmds {
+		if err := c.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			missing = append(missing, j)
+		}
+	}
+	if len(exists) == 0 && len(missing) == 0 {
+		s.completeResults(done, cidx, ccmds)
+		return out, done
+	}
+	pipe = s.raw.Pipeline()
+	for _, j := range missing {
+		keys, a := completeArgs(s, completes[cidx[j]])
+		ccmds[j] = completeScript.Eval(ctx, pipe, keys, a...)
+	}
+	if len(missing) > 0 {
+		_, _ = pipe.Exec(ctx)
+	}
+	s.completeResults(done, cidx, ccmds)
 	if len(exists) == 0 {
-		return out
+		return out, done
 	}
 	cmds := redisscript.Pipelined(ctx, s.raw, claimScript, len(exists), func(j int) ([]string, []any) {
-		r := reqs[exists[j]]
+		r := claims[exists[j]]
 		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(r.Lease)}
 	})
 	for j, i := range exists {
@@ -268,12 +429,101 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 		}
 		out[i].Claim, out[i].Err = claimResult(vals)
 	}
-	return out
+	return out, done
 }
 
-// CompleteBatch implements [dedup.BatchStore]: one pipeline of complete
-// scripts.
+// batchOneScript is Batch as one call of batchScript.
+func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest, completes []dedup.CompleteRequest) ([]dedup.ClaimReply, []error) {
+	out := make([]dedup.ClaimReply, len(claims))
+	var done []error
+	if len(completes) > 0 {
+		done = make([]error, len(completes))
+	}
+	keys := make([]string, 0, len(claims)+len(completes))
+	args := make([]any, 1, 1+2*(len(claims)+len(completes)))
+	var ci, di []int
+	for i, r := range claims {
+		if err := s.prepare(ctx, "claim", r.Key); err != nil {
+			out[i].Err = err
+			continue
+		}
+		ci = append(ci, i)
+		keys = append(keys, s.RedisKey(r.Key))
+		args = append(args, r.Token, ms(r.Lease))
+	}
+	args[0] = len(ci)
+	for i, r := range completes {
+		if err := s.prepare(ctx, "complete", r.Key); err != nil {
+			done[i] = err
+			continue
+		}
+		di = append(di, i)
+		keys = append(keys, s.RedisKey(r.Key))
+		args = append(args, r.Token, ms(max(r.Window, time.Millisecond)))
+	}
+	if len(keys) == 0 {
+		return out, done
+	}
+	cmd := redisscript.Pipelined(ctx, s.raw, batchScript, 1, func(int) ([]string, []any) { return keys, args })[0]
+	vals, err := cmd.Int64Slice()
+	if err == nil && len(vals) != 2*len(ci)+len(di) {
+		err = fmt.Errorf("unexpected batch script reply of %d values for %d claims and %d completes", len(vals), len(ci), len(di))
+	}
+	if err != nil {
+		for _, i := range ci {
+			out[i].Err = storeErr("claim", err)
+		}
+		for _, i := range di {
+			done[i] = storeErr("complete", err)
+		}
+		return out, done
+	}
+	for j, i := range ci {
+		if vals[2*j] == 4 {
+			out[i].Err = storeErr("claim", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[j]))
+			continue
+		}
+		out[i].Claim, out[i].Err = claimResult(vals[2*j : 2*j+2])
+	}
+	for j, i := range di {
+		switch vals[2*len(ci)+j] {
+		case 1:
+		case -1:
+			done[i] = storeErr("complete", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[len(ci)+j]))
+		default:
+			done[i] = dedup.ErrLeaseLost
+		}
+	}
+	return out, done
+}
+
+// completeArgs are the keys and arguments of the complete script for r.
+func completeArgs(s *Store, r dedup.CompleteRequest) ([]string, []any) {
+	return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
+}
+
+// completeResults reads the replies of the complete scripts cmds (of the
+// completes at positions idx) into out.
+func (s *Store) completeResults(out []error, idx []int, cmds []*redis.Cmd) {
+	for j, i := range idx {
+		n, err := cmds[j].Int64()
+		switch {
+		case err != nil:
+			out[i] = storeErr("complete", err)
+		case n != 1:
+			out[i] = dedup.ErrLeaseLost
+		}
+	}
+}
+
+// CompleteBatch implements [dedup.BatchStore]: one script call on a
+// single-node client, one pipeline of complete scripts on Cluster and
+// Ring, or with WaitReplicas (then followed by the WAIT).
 func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest) []error {
+	if s.oneScript && s.cfg.WaitReplicas <= 0 {
+		_, done := s.batchOneScript(ctx, nil, reqs)
+		return done
+	}
 	out := make([]error, len(reqs))
 	var idx []int
 	for i, r := range reqs {

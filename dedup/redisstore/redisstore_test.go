@@ -17,12 +17,20 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	for _, auto := range []bool{false, true} {
-		t.Run(map[bool]string{false: "plain", true: "autopipeline"}[auto], func(t *testing.T) {
+	for _, v := range []struct {
+		name         string
+		auto, perKey bool
+	}{{"plain", false, false}, {"autopipeline", true, false}, {"per-key-batches", false, true}} {
+		auto := v.auto
+		t.Run(v.name, func(t *testing.T) {
 			storetest.Run(t, storetest.Suite{
 				New: func(t *testing.T) dedup.Store {
 					c, prefix := testenv.Redis(t)
-					return redistest.Store(t, c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
+					st := redistest.Store(t, c, redisstore.Config{KeyPrefix: prefix + ":", AutoPipeline: auto})
+					if v.perKey {
+						st = redisstore.PerKeyBatches(st)
+					}
+					return st
 				},
 				Broken: func(t *testing.T) dedup.Store {
 					// A client pointed at a port nobody listens on.
@@ -172,6 +180,56 @@ func TestForgetIdle(t *testing.T) {
 	}
 	if n, _ := c.Exists(ctx, s.RedisKey(foreign)).Result(); n != 1 {
 		t.Fatal("ForgetIdle deleted a value that is not a dedup record")
+	}
+}
+
+// A key of a batch that holds another type (a hash someone wrote under a
+// dedup key) fails its own request only: the other deliveries of the batch
+// are claimed and completed (a batch is one script call on a single node,
+// and a WRONGTYPE inside a script would fail all of it).
+func TestBatchKeyOfAnotherTypeFailsOnlyItself(t *testing.T) {
+	for _, v := range []struct {
+		name   string
+		perKey bool
+	}{{"one-script", false}, {"per-key", true}} {
+		t.Run(v.name, func(t *testing.T) {
+			c, prefix := testenv.Redis(t)
+			st := redistest.Store(t, c, redisstore.Config{KeyPrefix: prefix + ":"})
+			if v.perKey {
+				st = redisstore.PerKeyBatches(st)
+			}
+			ctx := context.Background()
+			bad := dedup.Key("idemq", "g", "hash")
+			if err := c.HSet(ctx, st.RedisKey(bad), "f", "v").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if cl, err := st.Claim(ctx, dedup.Key("idemq", "g", "mine"), "me", time.Minute); err != nil || cl.Result != dedup.Acquired {
+				t.Fatalf("Claim = %v, %v", cl.Result, err)
+			}
+			claims := []dedup.ClaimRequest{
+				{Key: dedup.Key("idemq", "g", "a"), Token: "me", Lease: time.Minute},
+				{Key: bad, Token: "me", Lease: time.Minute},
+				{Key: dedup.Key("idemq", "g", "b"), Token: "me", Lease: time.Minute},
+			}
+			completes := []dedup.CompleteRequest{
+				{Key: bad, Token: "me", Window: time.Minute},
+				{Key: dedup.Key("idemq", "g", "mine"), Token: "me", Window: time.Minute},
+			}
+			reps, errs := st.Batch(ctx, claims, completes)
+			var se *dedup.StoreError
+			if reps[0].Err != nil || reps[0].Claim.Result != dedup.Acquired || reps[2].Err != nil || reps[2].Claim.Result != dedup.Acquired {
+				t.Errorf("claims beside the bad key: %+v, %+v, want acquired", reps[0], reps[2])
+			}
+			if !errors.As(reps[1].Err, &se) {
+				t.Errorf("claim of the bad key: %+v, want a *dedup.StoreError", reps[1])
+			}
+			if !errors.As(errs[0], &se) {
+				t.Errorf("complete of the bad key: %v, want a *dedup.StoreError", errs[0])
+			}
+			if errs[1] != nil {
+				t.Errorf("complete beside the bad key: %v", errs[1])
+			}
+		})
 	}
 }
 

@@ -437,6 +437,45 @@ func (r *modelRun) batch(ctx context.Context, bs dedup.BatchStore, op stepKind) 
 	}
 }
 
+// mixedBatch sends 1–4 claims and completes in one Batch call; the store
+// answers each as the single call would, claims first, each kind in order.
+func (r *modelRun) mixedBatch(ctx context.Context, ms dedup.MixedBatchStore) {
+	r.t.Helper()
+	var claims, completes []step
+	for range 1 + r.rng.IntN(4) {
+		st := r.randomStep()
+		if r.rng.IntN(2) == 0 {
+			st.op = opClaim
+			claims = append(claims, st)
+		} else {
+			st.op = opComplete
+			completes = append(completes, st)
+		}
+	}
+	creqs := make([]dedup.ClaimRequest, len(claims))
+	for i, st := range claims {
+		creqs[i] = dedup.ClaimRequest{Key: r.keys[st.key], Token: st.owner, Lease: st.d}
+	}
+	dreqs := make([]dedup.CompleteRequest, len(completes))
+	for i, st := range completes {
+		dreqs[i] = dedup.CompleteRequest{Key: r.keys[st.key], Token: st.owner, Window: st.d}
+	}
+	t0 := r.clock.Now()
+	reps, errs := ms.Batch(ctx, creqs, dreqs)
+	w := window{t0: t0, t1: r.clock.Now(), slack: r.p.slack}
+	if len(reps) != len(creqs) || len(errs) != len(dreqs) {
+		r.fail("Batch answered %d of %d claims, %d of %d completes", len(reps), len(creqs), len(errs), len(dreqs))
+		return
+	}
+	r.log = append(r.log, fmt.Sprintf("mixed batch of %d claims, %d completes:", len(claims), len(completes)))
+	for i, st := range claims {
+		r.check(st, w, toAnswer(r, opClaim, reps[i].Claim, dedup.Record{}, false, reps[i].Err))
+	}
+	for i, st := range completes {
+		r.check(st, w, toAnswer(r, opComplete, dedup.Claim{}, dedup.Record{}, false, errs[i]))
+	}
+}
+
 // pause lets time pass: mostly a little, sometimes past a short lease, on
 // a fake clock sometimes exactly onto an expiry (the boundary itself).
 func (r *modelRun) pause() {
@@ -485,6 +524,7 @@ func runModel(t *testing.T, newStore func(t *testing.T, clock *modelClock) dedup
 		}
 		_, inspect := st.(dedup.Inspector)
 		bs, batches := st.(dedup.BatchStore)
+		ms, mixed := st.(dedup.MixedBatchStore)
 		c := ctx(t)
 		for i := 0; i < p.steps; i++ {
 			switch n := r.rng.IntN(100); {
@@ -494,6 +534,8 @@ func runModel(t *testing.T, newStore func(t *testing.T, clock *modelClock) dedup
 				r.batch(c, bs, opClaim)
 			case batches && n < p.pauses+8:
 				r.batch(c, bs, opComplete)
+			case mixed && n < p.pauses+12:
+				r.mixedBatch(c, ms)
 			default:
 				st := r.randomStep()
 				if st.op == opGet && !inspect {

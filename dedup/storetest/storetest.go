@@ -95,6 +95,7 @@ func Run(t *testing.T, s Suite) {
 		{name: "BatchAnswersAsSingleCalls", fn: batchAnswers, batch: true},
 		{name: "BatchConcurrentOneAcquires", fn: batchConcurrent, batch: true},
 		{name: "BatchOnBrokenStoreFails", fn: batchBroken, batch: true},
+		{name: "MixedBatchAnswersAsSingleCalls", fn: mixedBatchAnswers, batch: true},
 		{name: "RandomInterleavingsMatchTheModel", timing: true, fn: func(t *testing.T, s Suite) {
 			if s.Features.NotModelled != "" {
 				t.Skip("not modelled: " + s.Features.NotModelled)
@@ -613,4 +614,60 @@ func batchBroken(t *testing.T, s Suite) {
 			t.Errorf("CompleteBatch request %d on a broken store: %v, want a store error", i, err)
 		}
 	}
+}
+
+// mixedBatchAnswers: a store with dedup.MixedBatchStore answers claims and
+// completes of one Batch call as the single calls would (claims first).
+func mixedBatchAnswers(t *testing.T, s Suite) {
+	st := s.New(t)
+	ms, ok := st.(dedup.MixedBatchStore)
+	if !ok {
+		t.Skipf("%T has no mixed batches", st)
+	}
+	kNew, kMine, kOther, kDone, kFree := key(t, "new"), key(t, "mine"), key(t, "other"), key(t, "done"), key(t, "free")
+	mustClaim(t, st, kMine, "me", long, dedup.Acquired)
+	mustClaim(t, st, kOther, "them", long, dedup.Acquired)
+	mustClaim(t, st, kDone, "x", long, dedup.Acquired)
+	if err := st.Complete(ctx(t), kDone, "x", long); err != nil {
+		t.Fatal(err)
+	}
+	claims := []dedup.ClaimRequest{
+		{Key: kNew, Token: "me", Lease: long},
+		{Key: kOther, Token: "me", Lease: long},
+		{Key: kDone, Token: "me", Lease: long},
+		{Key: "", Token: "me", Lease: long},
+	}
+	completes := []dedup.CompleteRequest{
+		{Key: kMine, Token: "me", Window: long},
+		{Key: kOther, Token: "me", Window: long}, // not ours: their lease stands
+		{Key: kNew, Token: "me", Window: long},   // claimed in the same batch, before
+		{Key: kFree, Token: "me", Window: long},  // absent: marked done, not ours
+		{Key: "", Token: "me", Window: long},
+	}
+	reps, errs := ms.Batch(ctx(t), claims, completes)
+	if len(reps) != len(claims) || len(errs) != len(completes) {
+		t.Fatalf("Batch answered %d of %d claims, %d of %d completes", len(reps), len(claims), len(errs), len(completes))
+	}
+	want := []dedup.ClaimResult{dedup.Acquired, dedup.InFlight, dedup.Done}
+	for i, w := range want {
+		if reps[i].Err != nil || reps[i].Claim.Result != w {
+			t.Errorf("claim %d (%s): %+v, want %v", i, claims[i].Key, reps[i], w)
+		}
+	}
+	if !errors.Is(reps[3].Err, dedup.ErrInvalidKey) {
+		t.Errorf("claim of an empty key: %+v, want ErrInvalidKey", reps[3])
+	}
+	if errs[0] != nil || errs[2] != nil {
+		t.Errorf("completes of our own leases: %v, %v", errs[0], errs[2])
+	}
+	if !errors.Is(errs[1], dedup.ErrLeaseLost) || !errors.Is(errs[3], dedup.ErrLeaseLost) {
+		t.Errorf("completes of another token's lease, of an absent record: %v, %v, want ErrLeaseLost", errs[1], errs[3])
+	}
+	if !errors.Is(errs[4], dedup.ErrInvalidKey) {
+		t.Errorf("complete of an empty key: %v, want ErrInvalidKey", errs[4])
+	}
+	mustClaim(t, st, kNew, "later", long, dedup.Done)
+	mustClaim(t, st, kMine, "later", long, dedup.Done)
+	mustClaim(t, st, kFree, "later", long, dedup.Done)
+	mustClaim(t, st, kOther, "later", long, dedup.InFlight)
 }
