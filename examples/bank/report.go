@@ -45,9 +45,9 @@ type ledger struct {
 	// Transient failures (--fail-rate): the transfers planned to fail their
 	// first attempt or their first two; of them, those applied only after
 	// (transientApplied) and at an attempt meant to fail (transientEarly,
-	// must be 0); the handler runs that failed on purpose and the
-	// deliveries sent to a retry queue (any cause), from the consumers'
-	// counters; the messages waiting in the retry queues as each broker
+	// must be 0); the handler runs that failed on purpose and idemq's
+	// retried counter (republished to a retry queue, any cause, or a
+	// deferral republished), from the consumers' counters; the messages waiting in the retry queues as each broker
 	// restart began.
 	transientOnce, transientTwice    int
 	transientApplied, transientEarly int
@@ -113,8 +113,9 @@ type Ledger struct {
 	// (all of them when nothing is lost), TransientEarly those applied at
 	// an attempt that failed (a failed attempt left its effect: must be
 	// 0); TransientFailures the handler runs that failed on purpose
-	// (quick retries included) and Retried the deliveries republished to
-	// a retry queue, summed over the consumers (≈: a consumer killed
+	// (quick retries included) and Retried idemq's retried counter (the
+	// deliveries republished to a retry queue, plus deferrals republished
+	// near the delivery limit), summed over the consumers (≈: a consumer killed
 	// within 25 ms of an increment loses it); RetryWaitingAtRestarts the
 	// messages in the retry queues as each broker restart began, summed.
 	TransientOnce          int   `json:"transient_once"`
@@ -194,7 +195,7 @@ func ledgerRows() []ledgerRow {
 			return fmt.Sprintf("%d/%d", l.transientOnce, l.transientTwice)
 		}},
 		{"  handler runs failed (≈)", func(l *ledger) string { return itoa(l.transientFailed) }},
-		{"  sent to retry queues (≈)", func(l *ledger) string { return itoa(l.retried) }},
+		{"  retried (republished) (≈)", func(l *ledger) string { return itoa(l.retried) }},
 		{"  in retry queues at restarts", func(l *ledger) string { return itoa(int64(l.retryWaiting)) }},
 		{"  applied after / at a failure", func(l *ledger) string {
 			return fmt.Sprintf("%d/%d", l.transientApplied, l.transientEarly)
