@@ -95,9 +95,9 @@ demo: services ## the bank demo: none, dedup and inbox under kill -9, resends an
 	$(GO) build -o bin/bank ./examples/bank
 	$(ENV) && bin/bank demo $(DEMO_ARGS)
 
-chaos: services ## the long fault run: more messages, kills, cuts, PostgreSQL/Redis outages of 30s, consumers frozen past their lease
+chaos: services ## the long fault run: more messages, kills, cuts, broker restarts while transient failures wait in retry queues, PostgreSQL/Redis outages of 30s, consumers frozen past their lease
 	$(GO) build -o bin/bank ./examples/bank
-	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --broker-restarts 3 --crash-rate 0.002 --timeout 10m \
+	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --broker-restarts 3 --fail-rate 0.1 --crash-rate 0.002 --timeout 10m \
 		--db-outages 2 --db-outage-duration 30s --redis-outages 2 --redis-outage-duration 30s \
 		--freezes 3 $(DEMO_ARGS)
 

@@ -245,8 +245,12 @@ func TestFaultSuiteShort(t *testing.T) {
 	checkLedgers(t, ls, faultPlan{proxyCuts: 2, redisRestarts: 2})
 }
 
-// faultPlan is what a demo run was asked to inject, per mode.
-type faultPlan struct{ proxyCuts, redisRestarts, brokerRestarts int }
+// faultPlan is what a demo run was asked to inject, per mode; transient:
+// --fail-rate > 0.
+type faultPlan struct {
+	proxyCuts, redisRestarts, brokerRestarts int
+	transient                                bool
+}
 
 func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 	t.Helper()
@@ -260,6 +264,13 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("modes %v, want %v", got, want)
+	}
+	waiting := 0
+	for _, l := range ls {
+		waiting += l.RetryWaitingAtRestarts
+	}
+	if plan.transient && plan.brokerRestarts > 0 && waiting == 0 {
+		t.Errorf("no delivery was waiting in a retry queue at any broker restart: the run did not test what it is for")
 	}
 	for _, l := range ls {
 		if l.Lost != 0 {
@@ -281,6 +292,9 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 		if l.ProxyCuts != plan.proxyCuts || l.ProxyConns < l.ProxyCuts {
 			t.Errorf("%s: %d proxy cuts closing %d connections, want %d cuts closing at least one each",
 				l.Mode, l.ProxyCuts, l.ProxyConns, plan.proxyCuts)
+		}
+		if plan.transient {
+			checkTransient(t, l)
 		}
 		switch l.Mode {
 		case "inbox":
@@ -311,6 +325,36 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 			}
 		}
 	}
+}
+
+// checkTransient checks a mode's transient failures (--fail-rate): some
+// were planned and happened, they went through the retry queues, every
+// transfer meant to fail was applied after its failures and none at a
+// failing attempt, and none was dead-lettered.
+func checkTransient(t *testing.T, l Ledger) {
+	t.Helper()
+	planned := l.TransientOnce + l.TransientTwice
+	if l.TransientOnce == 0 || l.TransientTwice == 0 {
+		t.Errorf("%s: %d transfers planned to fail once, %d twice: want some of each", l.Mode, l.TransientOnce, l.TransientTwice)
+	}
+	// Each failing attempt runs the handler 3 times (quick retries), then
+	// goes to a retry queue; the counters may miss the last 25 ms of a
+	// killed consumer, so they are checked against half of the minimum.
+	if minRuns := int64(3 * (l.TransientOnce + 2*l.TransientTwice)); l.TransientFailures < minRuns/2 {
+		t.Errorf("%s: %d handler runs failed transiently, want about %d or more", l.Mode, l.TransientFailures, minRuns)
+	}
+	if minRetried := int64(l.TransientOnce + 2*l.TransientTwice); l.Retried < minRetried/2 {
+		t.Errorf("%s: %d deliveries sent to retry queues, want about %d or more", l.Mode, l.Retried, minRetried)
+	}
+	if l.TransientApplied != planned || l.TransientEarly != 0 {
+		t.Errorf("%s: of %d transfers failing transiently %d applied after their failures, %d at a failing attempt; want %d, 0",
+			l.Mode, planned, l.TransientApplied, l.TransientEarly, planned)
+	}
+	if l.ValidDeadLettered != 0 {
+		t.Errorf("%s: %d valid transfers dead-lettered (reasons %v)", l.Mode, l.ValidDeadLettered, l.Reasons)
+	}
+	t.Logf("%s: transient 1×/2× %d/%d, runs failed %d, retried %d, waiting in retry queues at the restarts %d",
+		l.Mode, l.TransientOnce, l.TransientTwice, l.TransientFailures, l.Retried, l.RetryWaitingAtRestarts)
 }
 
 // The demo's freeze fault, short: per mode, a running consumer is made to

@@ -56,6 +56,9 @@ type consumeOpts struct {
 	metricsAddr string
 	crash       map[string]bool
 	crashRate   float64
+	// failRate is the fraction of transfers failing transiently on their
+	// first one or two attempts (transient.go).
+	failRate float64
 	// freeze is the demo's freeze hook (IDEMQ_BANK_FREEZE=1); nil otherwise.
 	freeze *freezeArm
 }
@@ -83,6 +86,7 @@ func consumeMain(args []string) error {
 	fs.IntVar(&o.prefetch, "prefetch", 100, "prefetch (QoS)")
 	fs.DurationVar(&o.lease, "lease", 5*time.Second, "dedup lease (dedup mode)")
 	fs.StringVar(&o.stats, "stats", "", "write counters as JSON to this file every 25ms and at exit")
+	fs.Float64Var(&o.failRate, "fail-rate", 0, "fraction of transfers whose handler fails with an ordinary (transient) error on their first one or two attempts, chosen by a hash of the message ID (the demo's fault)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (host:port; empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -94,6 +98,9 @@ func consumeMain(args []string) error {
 	}
 	if o.queueType != "quorum" && o.queueType != "classic" {
 		return fmt.Errorf("--queue-type %q: want quorum or classic", o.queueType)
+	}
+	if o.failRate < 0 || o.failRate > 1 {
+		return fmt.Errorf("--fail-rate %g: want a fraction in [0, 1]", o.failRate)
 	}
 	o.crash = map[string]bool{}
 	for _, p := range bytes.Split([]byte(os.Getenv("IDEMQ_BANK_CRASH")), []byte(",")) {
@@ -129,6 +136,7 @@ func bankQueue(name, typ string) topology.Queue {
 const schema = `
 CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY, balance bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS bank_applied (message_id text NOT NULL, mode text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+ALTER TABLE bank_applied ADD COLUMN IF NOT EXISTS attempt int NOT NULL DEFAULT 1;
 CREATE INDEX IF NOT EXISTS bank_applied_message_id ON bank_applied (message_id);
 `
 
@@ -242,7 +250,7 @@ func consume(ctx context.Context, o consumeOpts) error {
 			select {} // never continue past a crash point
 		}
 	}
-	effect := transferEffect(o.mode, func(context.Context) {
+	effect := transferEffect(o.mode, o.failRate, func(context.Context) {
 		crash(crashInHandler)
 		o.freeze.hit()
 	})
@@ -334,11 +342,12 @@ func consume(ctx context.Context, o consumeOpts) error {
 }
 
 // transferEffect is the bank's effect: it applies a transfer in tx and
-// records that it did (bank_applied is how the demo counts applications:
-// it commits with the effect). inHandler runs after the writes, before
-// the commit (the crash and freeze hooks; idemqtest.CrashPoint in the
-// kit's test).
-func transferEffect(mode string, inHandler func(context.Context)) func(context.Context, pgx.Tx, *idemq.Delivery) error {
+// records that it did, with the attempt (bank_applied is how the demo
+// counts applications: it commits with the effect). Then, at failRate, it
+// fails transiently (transient.go): the writes are rolled back. inHandler
+// runs after the writes, before the commit (the crash and freeze hooks;
+// idemqtest.CrashPoint in the kit's test).
+func transferEffect(mode string, failRate float64, inHandler func(context.Context)) func(context.Context, pgx.Tx, *idemq.Delivery) error {
 	return func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
 		t, err := parseTransfer(d.Body)
 		if err != nil {
@@ -347,8 +356,12 @@ func transferEffect(mode string, inHandler func(context.Context)) func(context.C
 		if _, err := tx.Exec(ctx, applySQL, t.Account, t.Amount); err != nil {
 			return fmt.Errorf("apply: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode) VALUES ($1, $2)`, d.MessageID, mode); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO bank_applied (message_id, mode, attempt) VALUES ($1, $2, $3)`,
+			d.MessageID, mode, retry.Attempt(d.Headers)); err != nil {
 			return fmt.Errorf("record: %w", err)
+		}
+		if err := failTransiently(ctx, d, failRate); err != nil {
+			return err
 		}
 		inHandler(ctx)
 		return nil

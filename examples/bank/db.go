@@ -61,3 +61,23 @@ func appliedCounts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, err
 	}
 	return out, rows.Err()
 }
+
+// firstAttempts is, per transfer, the lowest attempt (x-idemq-attempt) at
+// which it was applied.
+func firstAttempts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
+	rows, err := pool.Query(ctx, `SELECT message_id, min(attempt) FROM bank_applied GROUP BY message_id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, rows.Err()
+}

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/topology"
 )
 
 // planFaults plans every fault but the freezes (startConsumers plans
@@ -83,17 +85,43 @@ func (r *modeRun) planProxyCuts() error {
 }
 
 // planBrokerRestarts plans --broker-restarts restarts of the broker,
-// between the proxy cuts and the Redis restarts.
+// between the proxy cuts and the Redis restarts. With --fail-rate each
+// waits (up to retryWaitMax) until deliveries wait in the retry queues,
+// and counts them.
 func (r *modeRun) planBrokerRestarts() {
 	o, l := r.o, r.l
 	for k := 1; k <= o.brokerRestarts; k++ {
 		r.at((4*k-1)*o.messages/(4*(o.brokerRestarts+1)), func(ctx context.Context) error {
+			if o.failRate > 0 {
+				l.retryWaiting += r.waitRetryWaiting(ctx)
+			}
 			if err := restartBroker(ctx); err != nil {
 				return err
 			}
 			l.brokerRestarts++
 			return nil
 		})
+	}
+}
+
+// retryWaitMax bounds how long a broker restart waits for deliveries in
+// the retry queues (--fail-rate).
+const retryWaitMax = 5 * time.Second
+
+// waitRetryWaiting waits until the mode's retry queues hold messages (at
+// most retryWaitMax) and returns how many they hold.
+func (r *modeRun) waitRetryWaiting(ctx context.Context) int {
+	deadline := time.Now().Add(retryWaitMax)
+	for {
+		n := 0
+		for _, q := range topology.ForQueue(r.q).Retries {
+			d, _ := queueDepth(r.o.amqpURL, q.Name)
+			n += d
+		}
+		if n > 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -55,7 +55,7 @@ func TestBankHandlerWithKit(t *testing.T) {
 					pool.Close()
 					return idemqtest.Target{}, err
 				}
-				effect := transferEffect(tt.mode, func(ctx context.Context) { idemqtest.CrashPoint(ctx, idemqtest.InHandler) })
+				effect := transferEffect(tt.mode, 0, func(ctx context.Context) { idemqtest.CrashPoint(ctx, idemqtest.InHandler) })
 				tg := idemqtest.Target{
 					Pipeline: idemq.Pipeline{Policy: policy, Middleware: []idemq.Middleware{requireID()},
 						Handler: ownTxHandler(pool, effect, func(context.Context) {})},

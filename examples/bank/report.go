@@ -42,6 +42,17 @@ type ledger struct {
 	// leases_lost the frozen consumers reported after their thaw.
 	freezes, freezesMid int
 	freezeLeasesLost    int64
+	// Transient failures (--fail-rate): the transfers planned to fail their
+	// first attempt or their first two; of them, those applied only after
+	// (transientApplied) and at an attempt meant to fail (transientEarly,
+	// must be 0); the handler runs that failed on purpose and idemq's
+	// retried counter (republished to a retry queue, any cause, or a
+	// deferral republished), from the consumers' counters; the messages waiting in the retry queues as each broker
+	// restart began.
+	transientOnce, transientTwice    int
+	transientApplied, transientEarly int
+	transientFailed, retried         int64
+	retryWaiting                     int
 }
 
 // Ledger is the JSON form of one mode's results (bank demo --json).
@@ -96,6 +107,24 @@ type Ledger struct {
 	Freezes           int   `json:"freezes"`
 	FreezesMidHandler int   `json:"freezes_mid_handler"`
 	FreezeLeasesLost  int64 `json:"freeze_leases_lost"`
+	// Transient failures (--fail-rate): TransientOnce and TransientTwice
+	// count the transfers planned to fail their first attempt and their
+	// first two; TransientApplied those of them applied at a later attempt
+	// (all of them when nothing is lost), TransientEarly those applied at
+	// an attempt that failed (a failed attempt left its effect: must be
+	// 0); TransientFailures the handler runs that failed on purpose
+	// (quick retries included) and Retried idemq's retried counter (the
+	// deliveries republished to a retry queue, plus deferrals republished
+	// near the delivery limit), summed over the consumers (≈: a consumer killed
+	// within 25 ms of an increment loses it); RetryWaitingAtRestarts the
+	// messages in the retry queues as each broker restart began, summed.
+	TransientOnce          int   `json:"transient_once"`
+	TransientTwice         int   `json:"transient_twice"`
+	TransientApplied       int   `json:"transient_applied"`
+	TransientEarly         int   `json:"transient_applied_at_failing_attempt"`
+	TransientFailures      int64 `json:"transient_failures"`
+	Retried                int64 `json:"retried"`
+	RetryWaitingAtRestarts int   `json:"retry_waiting_at_restarts"`
 }
 
 func writeLedgers(path string, ls []*ledger) error {
@@ -108,7 +137,10 @@ func writeLedgers(path string, ls []*ledger) error {
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
 			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck,
 			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, OutagesSeen: l.outagesSeen,
-			Freezes: l.freezes, FreezesMidHandler: l.freezesMid, FreezeLeasesLost: l.freezeLeasesLost})
+			Freezes: l.freezes, FreezesMidHandler: l.freezesMid, FreezeLeasesLost: l.freezeLeasesLost,
+			TransientOnce: l.transientOnce, TransientTwice: l.transientTwice, TransientApplied: l.transientApplied,
+			TransientEarly: l.transientEarly, TransientFailures: l.transientFailed, Retried: l.retried,
+			RetryWaitingAtRestarts: l.retryWaiting})
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
@@ -121,7 +153,8 @@ func (l *ledger) exact() bool {
 	// A consumer killed between publishing a dead letter and acking the
 	// original dead-letters it again on redelivery: duplicated dead letters
 	// are allowed, missing ones are not.
-	return l.lost == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad && l.validDead == 0
+	return l.lost == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad && l.validDead == 0 &&
+		l.transientEarly == 0
 }
 
 // ledgerRow is one line of the table: its label and each mode's cell.
@@ -157,6 +190,15 @@ func ledgerRows() []ledgerRow {
 		{"consumers frozen (SIGSTOP)", func(l *ledger) string { return itoa(int64(l.freezes)) }},
 		{"  in a handler / leases lost", func(l *ledger) string {
 			return fmt.Sprintf("%d/%s", l.freezesMid, redisOnly(l, itoa(l.freezeLeasesLost)))
+		}},
+		{"transient: transfers failing 1×/2×", func(l *ledger) string {
+			return fmt.Sprintf("%d/%d", l.transientOnce, l.transientTwice)
+		}},
+		{"  handler runs failed (≈)", func(l *ledger) string { return itoa(l.transientFailed) }},
+		{"  retried (republished) (≈)", func(l *ledger) string { return itoa(l.retried) }},
+		{"  in retry queues at restarts", func(l *ledger) string { return itoa(int64(l.retryWaiting)) }},
+		{"  applied after / at a failure", func(l *ledger) string {
+			return fmt.Sprintf("%d/%d", l.transientApplied, l.transientEarly)
 		}},
 		{"consumers stuck after SIGTERM", func(l *ledger) string { return itoa(int64(l.stuck)) }},
 		{"consumer reconnects (≈)", func(l *ledger) string { return itoa(l.reconnects) }},

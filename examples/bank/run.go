@@ -271,7 +271,7 @@ func (r *modeRun) drain(ctx context.Context) {
 	r.sup.stopAll()
 	o := r.o
 	final := newSupervisor("final", demoOpts{amqpURL: o.amqpURL, redisURL: r.co.redisURL, queueType: o.queueType,
-		amqpURLs: o.amqpURLs, sentinels: o.sentinels, master: o.master}, r.mode, r.q.Name, r.dbURL, r.dir)
+		amqpURLs: o.amqpURLs, sentinels: o.sentinels, master: o.master, failRate: o.failRate}, r.mode, r.q.Name, r.dbURL, r.dir)
 	final.start(1)
 	quiet := time.Now().Add(o.timeout / 4)
 	for time.Now().Before(quiet) && ctx.Err() == nil {
@@ -299,6 +299,8 @@ func (r *modeRun) tallyConsumers(sup, final *supervisor) {
 		l.reconnects += s[idemq.CountReconnects]
 		l.storeErrors += s[idemq.CountStoreErrors]
 		l.outagesSeen += s[idemq.CountDependencyOutages]
+		l.transientFailed += s[countTransient]
+		l.retried += s[idemq.CountRetried]
 	}
 }
 
@@ -311,7 +313,14 @@ func (r *modeRun) tally(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	first, err := firstAttempts(ctx, r.pool)
+	if err != nil {
+		return err
+	}
 	for i := 0; i < r.o.messages; i++ {
+		if k := transientFailures(r.transferID(i), r.o.failRate); k > 0 {
+			r.tallyTransient(k, first[r.transferID(i)])
+		}
 		switch n := counts[r.transferID(i)]; {
 		case n == 0:
 			l.lost++
@@ -337,6 +346,24 @@ func (r *modeRun) tally(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// tallyTransient counts a transfer meant to fail its first k attempts,
+// first the lowest attempt that applied it (0: never applied).
+func (r *modeRun) tallyTransient(k, first int) {
+	l := r.l
+	if k == 1 {
+		l.transientOnce++
+	} else {
+		l.transientTwice++
+	}
+	switch {
+	case first == 0:
+	case first <= k:
+		l.transientEarly++
+	default:
+		l.transientApplied++
+	}
 }
 
 // badMessages are the malformed transfers every mode must dead-letter.

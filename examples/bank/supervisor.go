@@ -106,6 +106,9 @@ func (s *supervisor) command(self, stats string) *exec.Cmd {
 	cmd := exec.Command(self, "consume", "--mode", consumerMode(s.mode), "--queue", s.queue, "--queue-type", s.o.queueType,
 		"--amqp", s.o.amqpURL, "--postgres", s.db, "--redis", s.o.redisURL, "--stats", stats,
 		"--lease", consumerLease.String(), "--workers", "4", "--prefetch", "50")
+	if s.o.failRate > 0 {
+		cmd.Args = append(cmd.Args, "--fail-rate", fmt.Sprint(s.o.failRate))
+	}
 	if s.o.amqpURLs != "" {
 		cmd.Args = append(cmd.Args, "--amqp-urls", s.o.amqpURLs)
 	}
