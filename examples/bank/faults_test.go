@@ -34,6 +34,6 @@ func TestFaultBankDemoBrokerRestarts(t *testing.T) {
 	testenv.RequireAMQP(t)
 	bin := buildBank(t)
 	ls := runDemo(t, bin, "--messages", "500", "--kills", "2", "--cuts", "0", "--broker-restarts", "2",
-		"--crash-rate", "0.005", "--fail-rate", "0.1", "--timeout", "90s")
+		"--crash-rate", "0.005", "--fail-rate", "0.1", "--timeout", "150s")
 	checkLedgers(t, ls, faultPlan{brokerRestarts: 2, transient: true})
 }
