@@ -144,6 +144,21 @@ func drainReasons(amqpURL, queue string) ([]string, []string, error) {
 	}
 }
 
+// restartSettle is how long after a broker restart the demo waits before
+// it deletes retry queues (see waitAfterRestart).
+const restartSettle = 10 * time.Second
+
+// waitAfterRestart sleeps until settle has passed since restartedAt
+// (UnixNano; 0 means no restart, no wait).
+func waitAfterRestart(restartedAt int64, settle time.Duration) {
+	if restartedAt == 0 {
+		return
+	}
+	if d := time.Until(time.Unix(0, restartedAt).Add(settle)); d > 0 {
+		time.Sleep(d)
+	}
+}
+
 func deleteQueues(amqpURL string, p topology.Plan) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {

@@ -95,7 +95,9 @@ func (r *modeRun) planBrokerRestarts() {
 			if o.failRate > 0 {
 				l.retryWaiting += r.waitRetryWaiting(ctx)
 			}
-			if err := restartBroker(ctx); err != nil {
+			err := restartBroker(ctx)
+			r.restartedAt.Store(time.Now().UnixNano())
+			if err != nil {
 				return err
 			}
 			l.brokerRestarts++

@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,6 +41,10 @@ type modeRun struct {
 	pool   *pgxpool.Pool
 	sup    *supervisor // the crash-prone consumers
 	l      *ledger
+
+	// restartedAt is when the mode's last broker restart ended
+	// (UnixNano; 0: none).
+	restartedAt atomic.Int64
 
 	events []faultEvent // fired as the consumers progress (runAtProgress)
 	// The publisher holds at these points until a fault has begun, so that
@@ -117,7 +122,15 @@ func (r *modeRun) setUp(ctx context.Context) error {
 		os.RemoveAll(r.dir)
 	})
 	r.q = bankQueue(queue, r.o.queueType)
-	r.onExit(func() { deleteQueues(r.o.amqpURL, topology.ForQueue(r.q)) })
+	r.onExit(func() {
+		// RabbitMQ 3.10.8 loses its dead-letter supervisor when quorum
+		// retry queues are deleted while their dead-letter workers are
+		// still starting after a restart (docs/RABBITMQ_VERSIONS.md): the
+		// broker would then nack every later retry publish, the next
+		// mode's or test's included. Let the workers start first.
+		waitAfterRestart(r.restartedAt.Load(), restartSettle)
+		deleteQueues(r.o.amqpURL, topology.ForQueue(r.q))
+	})
 	return nil
 }
 
