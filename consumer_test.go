@@ -68,6 +68,9 @@ func runConsumer(t *testing.T, cfg idemq.ConsumerConfig, h idemq.Handler) (*idem
 	if cfg.Logger == nil {
 		cfg.Logger = quietLogger()
 	}
+	if cfg.Dial == nil {
+		cfg.Dial = testenv.Dial // the fake broker under IDEMQ_TEST_BROKER=fake
+	}
 	cfg.Pipeline.Handler = h
 	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
@@ -159,6 +162,7 @@ func stopAndDrain(t *testing.T, stop func() error, queue string) int {
 // The consumer keeps consuming after its connection is cut (the socket
 // closed under it), several times, and nothing is lost.
 func TestConsumerSurvivesConnectionCuts(t *testing.T) {
+	testenv.RequireRealBroker(t, "cuts TCP connections through a proxy")
 	proxy, url := testenv.AMQPProxy(t)
 	queue := testenv.Queue(t, nil)
 	const n = 3000

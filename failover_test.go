@@ -37,7 +37,7 @@ func (r *urlRecorder) dial(u string, cfg amqp.Config) (*amqp.Connection, error) 
 	r.mu.Lock()
 	r.urls = append(r.urls, u)
 	r.mu.Unlock()
-	return amqp.DialConfig(u, cfg)
+	return testenv.Dial(u, cfg)
 }
 
 func (r *urlRecorder) tried() []string {
@@ -146,6 +146,7 @@ func TestFailoverAllDownNamesEachURL(t *testing.T) {
 // quorum queue whose leader died; a new channel publishes at once. A queue
 // that rejects publishes when full nacks here on one node.)
 func TestNackedPublishRetriesOnANewConnection(t *testing.T) {
+	testenv.RequireRealBroker(t, "needs a nacked publish (x-max-length with reject-publish); the fake confirms every publish")
 	testenv.RequireAMQP(t)
 	queue := testenv.Queue(t, amqp.Table{"x-max-length": int64(0), "x-overflow": "reject-publish"})
 	var d urlRecorder

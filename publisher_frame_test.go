@@ -81,7 +81,7 @@ func (d *recordingDial) dial(url string, cfg amqp.Config) (*amqp.Connection, err
 		d.mu.Unlock()
 		return r, nil
 	}
-	conn, err := amqp.DialConfig(url, cfg)
+	conn, err := testenv.Dial(url, cfg) // the fake (under IDEMQ_TEST_BROKER=fake) ignores cfg.Dial: no frames recorded
 	if err == nil {
 		d.frameMax.Store(int64(conn.Config.FrameSize))
 	}
@@ -102,6 +102,7 @@ func (d *recordingDial) lastHeaderFrame() int {
 // a permanent ErrMessageTooLarge, nothing is sent and the connection stays
 // up; one that fits exactly is published.
 func TestPublishHeadersNearFrameMax(t *testing.T) {
+	testenv.RequireRealBroker(t, "records the client's frames on its TCP socket (amqp.Config.Dial), which the fake's in-process pipe bypasses")
 	testenv.RequireAMQP(t)
 	queue := testenv.Queue(t, nil)
 	var rec idemq.Counters

@@ -17,7 +17,7 @@ import (
 )
 
 func TestPublishRequiresAnID(t *testing.T) {
-	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestPublishRequiresAnID(t *testing.T) {
 func TestPublishConfirmedAndPersistent(t *testing.T) {
 	testenv.RequireAMQP(t)
 	queue := testenv.Queue(t, nil)
-	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestPublishConfirmedAndPersistent(t *testing.T) {
 
 func TestPublishUnroutableIsAnError(t *testing.T) {
 	testenv.RequireAMQP(t)
-	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,6 +112,7 @@ func TestPublishUnroutableIsAnError(t *testing.T) {
 // The publisher loses nothing when its connection is killed mid-stream:
 // every message it reported as confirmed is in the queue.
 func TestPublisherSurvivesConnectionCuts(t *testing.T) {
+	testenv.RequireRealBroker(t, "cuts TCP connections through a proxy")
 	proxy, url := testenv.AMQPProxy(t)
 	queue := testenv.Queue(t, nil)
 	var rec idemq.Counters
@@ -217,7 +218,7 @@ func TestPublishReturnMatchedToItsOwnPublish(t *testing.T) {
 	queue := testenv.Queue(t, nil)
 	nowhere := testenv.Name(t, "nowhere")
 	var rec idemq.Counters
-	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Recorder: &rec, Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}

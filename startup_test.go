@@ -24,6 +24,7 @@ func runUntilReturn(t *testing.T, cfg idemq.ConsumerConfig, within time.Duration
 	cfg.Logger = quietLogger()
 	cfg.Reconnect = backoff.Policy{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 	cfg.Pipeline.Handler = idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })
+	cfg.Dial = testenv.Dial
 	c, err := idemq.NewConsumer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -62,6 +63,9 @@ func TestRunFailsFastOnPermanentStartupErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.wantCode == amqp.AccessRefused {
+				testenv.RequireRealBroker(t, "needs a refused login; the fake accepts any credentials")
+			}
 			err, ended := runUntilReturn(t, tt.cfg, 60*time.Second)
 			if !ended {
 				t.Fatalf("Run still retrying after 60s (returned %v)", err)

@@ -76,6 +76,7 @@ func TestRepublishStripsFailureHeaders(t *testing.T) {
 // that cannot be replayed stay with it (not retried, not dropped); a dry
 // run counts the copies it would drop and changes nothing.
 func TestReplayCopiesOfAFailedDeadLetterStay(t *testing.T) {
+	testenv.RequireRealBroker(t, "deadletter.Open dials with amqp.Dial itself (it has no Dial option to point it at the fake)")
 	url := testenv.RequireAMQP(t)
 	q := topology.Queue{Name: testenv.Name(t, "q"), NoRetry: true}
 	p := topology.ForQueue(q)
@@ -106,7 +107,7 @@ func TestReplayCopiesOfAFailedDeadLetterStay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Dial: testenv.Dial, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

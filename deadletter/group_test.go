@@ -102,6 +102,7 @@ func seedCauses(t *testing.T, queue, dlq string, n int, causes ...string) {
 // queue only, its duplicate dropped; one group archived with its headers;
 // the last one deleted.
 func TestGroupReplayArchivePurge(t *testing.T) {
+	testenv.RequireRealBroker(t, "deadletter.Open dials with amqp.Dial itself (it has no Dial option to point it at the fake)")
 	url := testenv.RequireAMQP(t)
 	q := topology.Queue{Name: testenv.Name(t, "q"), NoRetry: true}
 	p := topology.ForQueue(q)
@@ -143,7 +144,7 @@ func TestGroupReplayArchivePurge(t *testing.T) {
 		t.Fatalf("patterns %v", byPattern)
 	}
 
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Logger: quietLog()})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Dial: testenv.Dial, Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func newRig(t *testing.T) *rig {
 }
 
 func amqpChannel() (*amqp.Channel, error) {
-	conn, err := amqp.Dial(testenv.AMQPURL())
+	conn, err := testenv.Dial(testenv.AMQPURL(), amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"})
 	if err != nil {
 		return nil, err
 	}
@@ -76,6 +76,7 @@ func (r *rig) config() gate.Config {
 		Logger:  quiet(),
 		Lease:   3 * time.Second,
 		Workers: 8,
+		Dial:    testenv.Dial,
 	}
 }
 

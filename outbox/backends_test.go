@@ -109,7 +109,7 @@ func TestPgxTxAndNotify(t *testing.T) {
 		}
 	}
 
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ func TestRelayPendingRefreshedAfterBatch(t *testing.T) {
 	for _, id := range []string{"p-1", "p-2", "p-3", "p-4", "p-5", "p-6", "p-7"} {
 		add(ctx, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)})
 	}
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestRelayPendingAtShutdown(t *testing.T) {
 	add(ctx,
 		outbox.Message{ID: "k-1", Exchange: testenv.Name(t, "no-such-exchange"), RoutingKey: q, OrderingKey: "k", Body: []byte("1")},
 		outbox.Message{ID: "k-2", RoutingKey: q, OrderingKey: "k", Body: []byte("2")})
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url})
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: url, Dial: testenv.Dial})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestPolicyWithDedupGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	c0, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		URL: testenv.RequireAMQP(t), Queue: p.Queue, Logger: quiet(), AckBatch: 1,
+		URL: testenv.RequireAMQP(t), Dial: testenv.Dial, Queue: p.Queue, Logger: quiet(), AckBatch: 1,
 		Pipeline: idemq.Pipeline{Policy: policy, Guard: guard,
 			Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
 				if c.add(d) == 1 {

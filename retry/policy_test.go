@@ -46,7 +46,7 @@ func declare(t *testing.T, q topology.Queue) topology.Plan {
 
 func publisher(t *testing.T) *idemq.Publisher {
 	t.Helper()
-	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Logger: quiet()})
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{URL: testenv.RequireAMQP(t), Dial: testenv.Dial, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func consume(t *testing.T, queue string, cfg retry.Config, h idemq.HandlerFunc) 
 		t.Fatal(err)
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		URL: testenv.RequireAMQP(t), Queue: queue, Group: "g1", Logger: quiet(), AckBatch: 1,
+		URL: testenv.RequireAMQP(t), Dial: testenv.Dial, Queue: queue, Group: "g1", Logger: quiet(), AckBatch: 1,
 		Pipeline: idemq.Pipeline{Policy: policy, Handler: h},
 	})
 	if err != nil {

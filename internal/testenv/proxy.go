@@ -39,6 +39,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 // that goes through it.
 func AMQPProxy(t testing.TB) (*Proxy, string) {
 	t.Helper()
+	RequireRealBroker(t, "cuts TCP connections through a proxy in front of RabbitMQ")
 	raw := RequireAMQP(t)
 	u, err := url.Parse(raw)
 	if err != nil {

@@ -31,8 +31,14 @@ func env(name, def string) string {
 	return def
 }
 
-// AMQPURL is IDEMQ_AMQP_URL or the loopback default.
-func AMQPURL() string { return env("IDEMQ_AMQP_URL", DefaultAMQPURL) }
+// AMQPURL is IDEMQ_AMQP_URL or the loopback default; [FakeURL] in fake
+// mode (see [Fake]).
+func AMQPURL() string {
+	if Fake() {
+		return FakeURL
+	}
+	return env("IDEMQ_AMQP_URL", DefaultAMQPURL)
+}
 
 // RedisURL is IDEMQ_REDIS_URL or the loopback default.
 func RedisURL() string { return env("IDEMQ_REDIS_URL", DefaultRedisURL) }
@@ -61,11 +67,12 @@ func Unavailable(t testing.TB, service, url string, err error) {
 	t.Skip(msg)
 }
 
-// RequireAMQP checks the broker is up and returns its URL.
+// RequireAMQP checks the broker is up and returns its URL (in fake mode,
+// the fake's: connect to it with [Dial]).
 func RequireAMQP(t testing.TB) string {
 	t.Helper()
 	u := AMQPURL()
-	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	conn, err := Dial(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	if err != nil {
 		Unavailable(t, "RabbitMQ", u, err)
 	}
@@ -109,7 +116,7 @@ func Name(t testing.TB, prefix string) string {
 func Channel(t testing.TB) *amqp.Channel {
 	t.Helper()
 	u := RequireAMQP(t)
-	conn, err := amqp.Dial(u)
+	conn, err := Dial(u, amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"})
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -136,7 +143,7 @@ func Queue(t testing.TB, args amqp.Table) string {
 
 // DeleteQueue deletes a queue on a fresh connection, ignoring errors.
 func DeleteQueue(names ...string) {
-	conn, err := amqp.Dial(AMQPURL())
+	conn, err := Dial(AMQPURL(), amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US"})
 	if err != nil {
 		return
 	}
