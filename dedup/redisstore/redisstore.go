@@ -536,25 +536,14 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 	if len(idx) == 0 {
 		return out
 	}
-	args := func(j int) ([]string, []any) {
-		r := reqs[idx[j]]
-		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
-	}
+	args := func(j int) ([]string, []any) { return completeArgs(s, reqs[idx[j]]) }
 	var cmds []*redis.Cmd
 	if s.cfg.WaitReplicas > 0 {
 		cmds = s.completeAndWait(ctx, len(idx), args)
 	} else {
 		cmds = redisscript.Pipelined(ctx, s.raw, completeScript, len(idx), args)
 	}
-	for j, i := range idx {
-		n, err := cmds[j].Int64()
-		switch {
-		case err != nil:
-			out[i] = storeErr("complete", err)
-		case n != 1:
-			out[i] = dedup.ErrLeaseLost
-		}
-	}
+	s.completeResults(out, idx, cmds)
 	return out
 }
 

@@ -45,27 +45,18 @@ func distinctApplied(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 }
 
 func appliedCounts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
-	rows, err := pool.Query(ctx, `SELECT message_id, count(*) FROM bank_applied GROUP BY message_id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		if err := rows.Scan(&id, &n); err != nil {
-			return nil, err
-		}
-		out[id] = n
-	}
-	return out, rows.Err()
+	return countsByMessage(ctx, pool, `SELECT message_id, count(*) FROM bank_applied GROUP BY message_id`)
 }
 
 // firstAttempts is, per transfer, the lowest attempt (x-idemq-attempt) at
 // which it was applied.
 func firstAttempts(ctx context.Context, pool *pgxpool.Pool) (map[string]int, error) {
-	rows, err := pool.Query(ctx, `SELECT message_id, min(attempt) FROM bank_applied GROUP BY message_id`)
+	return countsByMessage(ctx, pool, `SELECT message_id, min(attempt) FROM bank_applied GROUP BY message_id`)
+}
+
+// countsByMessage reads the (message_id, integer) rows of query into a map.
+func countsByMessage(ctx context.Context, pool *pgxpool.Pool, query string) (map[string]int, error) {
+	rows, err := pool.Query(ctx, query)
 	if err != nil {
 		return nil, err
 	}
