@@ -29,6 +29,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer conn.Close()
+	if err := c.readDeliveryLimit(ctx, conn); err != nil {
+		return false, err
+	}
 	sub, err := c.subscribe(ctx, conn, ch)
 	if err != nil {
 		return false, err
@@ -239,6 +242,7 @@ func (c *Consumer) dispatch(w *workers, d amqp.Delivery) bool {
 		c.rec.Add(CountRedelivered, 1)
 	}
 	del := newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())
+	del.QueueDeliveryLimit = int(c.queueLimit.Load())
 	c.cfg.ID.Apply(del)
 	w.work <- job{d: d, del: del}
 	return true

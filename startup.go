@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/mgmt"
 )
 
 // ErrStartup is matched (errors.Is) by the error [Consumer.Run] returns when
@@ -66,7 +68,7 @@ func isPermanentStartup(err error) bool {
 		}
 		return len(all.errs) > 0
 	}
-	if errors.Is(err, ErrInvalidURL) {
+	if errors.Is(err, ErrInvalidURL) || mgmt.Permanent(err) {
 		return true
 	}
 	var ae *amqp.Error
