@@ -3,6 +3,8 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -32,7 +34,8 @@ func RequireManagement(t testing.TB) string {
 
 // SetPolicy sets a policy (operator: an operator policy) named name on the
 // default vhost, applying to the queues matching pattern, with definition
-// def (JSON), and deletes it when the test ends.
+// def (JSON), and deletes it when the test ends. Setting it again (same
+// name) replaces it.
 func SetPolicy(t testing.TB, operator bool, name, pattern, def string, priority int) {
 	t.Helper()
 	kind := "policies"
@@ -47,11 +50,14 @@ func SetPolicy(t testing.TB, operator bool, name, pattern, def string, priority 
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := mgmtDo(ctx, ManagementURL(), http.MethodDelete, path, nil); err != nil {
+		if err := mgmtDo(ctx, ManagementURL(), http.MethodDelete, path, nil); err != nil && !errors.Is(err, errNotFound) {
 			t.Errorf("delete %s %s: %v", kind, name, err)
 		}
 	})
 }
+
+// errNotFound: HTTP 404 (a policy set twice is deleted twice at cleanup).
+var errNotFound = errors.New("HTTP 404")
 
 func mgmtDo(ctx context.Context, raw, method, path string, body []byte) error {
 	u, err := url.Parse(raw)
@@ -76,8 +82,45 @@ func mgmtDo(ctx context.Context, raw, method, path string, body []byte) error {
 		return err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return fmt.Errorf("%s %s: %w", method, path, errNotFound)
+	}
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
 	}
 	return nil
+}
+
+// ManagementQueueField returns one field of GET /api/queues/%2F/{queue}
+// as compact JSON ("" when absent).
+func ManagementQueueField(t testing.TB, queue, field string) string {
+	t.Helper()
+	u, err := url.Parse(ManagementURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := u.User
+	u.User = nil
+	req, err := http.NewRequest(http.MethodGet, u.String()+"/api/queues/%2F/"+url.PathEscape(queue), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != nil {
+		p, _ := user.Password()
+		req.SetBasicAuth(user.Username(), p)
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]json.RawMessage
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		return ""
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, m[field]); err != nil {
+		return ""
+	}
+	return b.String()
 }
