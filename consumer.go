@@ -143,7 +143,8 @@ type ConsumerConfig struct {
 	// with a permanent [*StartupError]; anything else (the API not
 	// answering) is retried like a connection failure, within
 	// StartupAttempts. After the first subscription a failed read keeps
-	// the last limit and logs a warning. Default "": not read (the
+	// the last limit and logs a warning. A running consumer reads it
+	// again every ManagementRefresh. Default "": not read (the
 	// policy relies on its own RequeueLimit). Never logged or shown with
 	// its password.
 	ManagementURL string
@@ -152,6 +153,11 @@ type ConsumerConfig struct {
 	// management API reports a queue's policy at its next statistics
 	// collection, every 5 s by default). Default 30s.
 	ManagementTimeout time.Duration
+	// ManagementRefresh is how often a running consumer reads the limit
+	// again, so a policy changed while it runs counts without a
+	// reconnect (a failed refresh keeps the last limit and logs a
+	// warning). Default 1 min; negative: only at each (re)connect.
+	ManagementRefresh time.Duration
 	// ManagementClient makes the management API requests (custom TLS
 	// roots, a proxy). Default: net/http's client with a 10 s timeout per
 	// request.
@@ -205,6 +211,9 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	if c.ManagementTimeout <= 0 {
 		c.ManagementTimeout = 30 * time.Second
 	}
+	if c.ManagementRefresh == 0 {
+		c.ManagementRefresh = time.Minute
+	}
 	c.Breaker = c.Breaker.withDefaults()
 	if c.Pipeline.Policy == nil {
 		c.Pipeline.Policy = BasePolicy{RetryAfter: c.Breaker.RetryAfter}
@@ -254,7 +263,8 @@ type Consumer struct {
 	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
 
 	queueLimit atomic.Int64 // the broker's delivery limit for Queue, 0: unknown (limit.go)
-	limitRead  bool         // a limit was read once (session goroutine only)
+	limitMu    sync.Mutex   // serialises reads of the limit (limit.go)
+	limitRead  bool         // a limit was read once (under limitMu)
 
 	mu      sync.Mutex
 	running bool

@@ -83,6 +83,7 @@ func TestConsumerReadsTheDeliveryLimitAtEachConnect(t *testing.T) {
 	var logs logBuffer
 	seen := make(chan int, 16)
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: amqpURL, Dial: testenv.Dial, Queue: q, ManagementURL: mu,
+		ManagementRefresh: -1, // only at each connect: the reconnect must read the new limit
 		Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		Reconnect: backoff.Policy{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 		Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(_ context.Context, d *idemq.Delivery) error {
@@ -127,5 +128,41 @@ func TestConsumerReadsTheDeliveryLimitAtEachConnect(t *testing.T) {
 	testenv.Publish(t, "", q, amqp.Publishing{MessageId: "dl-2"})
 	if got := <-seen; got != 3 {
 		t.Fatalf("after the reconnect Delivery.QueueDeliveryLimit = %d, want 3", got)
+	}
+}
+
+// A running consumer reads the limit again every ManagementRefresh: a
+// policy lowered while it runs counts without a reconnect.
+func TestConsumerRefreshesTheDeliveryLimit(t *testing.T) {
+	mu := testenv.RequireManagement(t)
+	q := quorumQueue(t, 6)
+	var logs logBuffer
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: testenv.RequireAMQP(t), Dial: testenv.Dial, Queue: q, ManagementURL: mu,
+		ManagementRefresh: 300 * time.Millisecond,
+		Logger:            slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Pipeline:          idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	select {
+	case <-c.Ready():
+	case err := <-stopped:
+		t.Fatalf("Run = %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("consumer not ready")
+	}
+	if len(logs.lines("queue delivery limit", `limit="6 (policy `)) != 1 {
+		t.Fatalf("want the limit 6 logged once:\n%s", logs.String())
+	}
+	testenv.SetPolicy(t, false, q+"-dl", "^"+regexp.QuoteMeta(q)+"$", `{"delivery-limit":2}`, 100)
+	testenv.Eventually(t, 30*time.Second, "the new limit read without a reconnect", func() bool {
+		return len(logs.lines("queue delivery limit", `limit="2 (policy `)) == 1
+	})
+	if n := c.Counters().Get(idemq.CountReconnects); n != 0 {
+		t.Fatalf("%d reconnects: the limit must have been read by the refresh", n)
 	}
 }

@@ -3,6 +3,7 @@ package idemq
 import (
 	"context"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -19,14 +20,47 @@ func (c *Consumer) readDeliveryLimit(ctx context.Context, conn *amqp.Connection)
 	if c.mgmt == nil {
 		return nil
 	}
-	vhost := conn.Config.Vhost
-	if vhost == "" {
-		vhost = "/"
+	return c.readLimit(ctx, vhostOf(conn))
+}
+
+func vhostOf(conn *amqp.Connection) string {
+	if conn.Config.Vhost == "" {
+		return "/"
 	}
+	return conn.Config.Vhost
+}
+
+// refreshDeliveryLimit reads the limit again every ManagementRefresh
+// until ctx ends (the session's end), so a policy changed while the
+// consumer runs counts without a reconnect.
+func (c *Consumer) refreshDeliveryLimit(ctx context.Context, conn *amqp.Connection) {
+	if c.mgmt == nil || c.cfg.ManagementRefresh <= 0 {
+		return
+	}
+	vhost := vhostOf(conn)
+	t := time.NewTicker(c.cfg.ManagementRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = c.readLimit(ctx, vhost) // after the first read: never an error, a warning
+		}
+	}
+}
+
+// readLimit reads the limit of the queue in vhost (see readDeliveryLimit).
+func (c *Consumer) readLimit(ctx context.Context, vhost string) error {
+	c.limitMu.Lock()
+	defer c.limitMu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.ManagementTimeout)
 	defer cancel()
 	l, err := c.mgmt.DeliveryLimit(rctx, vhost, c.cfg.Queue)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if !c.readyOnce() || !c.limitRead {
 			return fmt.Errorf("read the delivery limit of queue %q (ConsumerConfig.ManagementURL): %w", c.cfg.Queue, err)
 		}

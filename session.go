@@ -39,6 +39,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	c.markReady()
 	c.consuming.Store(true)
 	defer c.consuming.Store(false)
+	rctx, stopRefresh := context.WithCancel(ctx)
+	defer stopRefresh()
+	go c.refreshDeliveryLimit(rctx, conn)
 
 	// Handlers run under hctx: not cancelled by the Run context (so they can
 	// finish on shutdown), cancelled when the channel dies (their ack is
