@@ -17,14 +17,16 @@
 //     No source: no limit.
 //   - 4.0 and later: the same, except that a negative value (-1) means
 //     "no limit" and yields to any non-negative one, and a quorum queue
-//     with no source at all gets the broker's default of 20.
+//     with no source at all gets the broker's default of 20 (read from
+//     RabbitMQ's documentation and source; only 3.10 is tested here).
 //
 // The management API fills a queue's policy fields from its statistics,
 // which it collects every few seconds (collect_statistics_interval, 5 s by
 // default): for a queue declared a moment ago they are absent, and
 // [Client.Queue] waits for them (within its context) rather than read "no
 // policy". A policy changed while a consumer runs shows after the next
-// collection; the consumer reads the limit at each (re)connect.
+// collection; the consumer reads the limit at each (re)connect and every
+// ConsumerConfig.ManagementRefresh.
 //
 // The client authenticates with the URL's user and password (HTTP basic
 // auth; the user needs the monitoring tag, or management for its own
