@@ -84,8 +84,8 @@ func TestConsumerReadsTheDeliveryLimitAtEachConnect(t *testing.T) {
 	seen := make(chan int, 16)
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: amqpURL, Dial: testenv.Dial, Queue: q, ManagementURL: mu,
 		ManagementRefresh: -1, // only at each connect: the reconnect must read the new limit
-		Logger:    slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		Reconnect: backoff.Policy{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
+		Logger:            slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Reconnect:         backoff.Policy{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond},
 		Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(_ context.Context, d *idemq.Delivery) error {
 			seen <- d.QueueDeliveryLimit
 			return nil
