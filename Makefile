@@ -88,6 +88,7 @@ FUZZ_TARGETS := \
 	./outbox FuzzDecodeHeaders \
 	./internal/redact FuzzRedactDSN \
 	./internal/redact FuzzRedactURL \
+	./internal/mgmt FuzzResolve \
 	./examples/bank FuzzParseTransfer
 FUZZTIME ?= 4s
 fuzz: ## a short run of every fuzz target (FUZZTIME each; make fuzz FUZZTIME=5m for a long one)

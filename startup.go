@@ -6,6 +6,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/mgmt"
 )
 
 // ErrStartup is matched (errors.Is) by the error [Consumer.Run] returns when
@@ -78,7 +80,7 @@ func isPermanentStartup(err error) bool {
 		}
 		return len(all.errs) > 0
 	}
-	if errors.Is(err, ErrInvalidURL) {
+	if errors.Is(err, ErrInvalidURL) || mgmt.Permanent(err) {
 		return true
 	}
 	var ae *amqp.Error
