@@ -143,10 +143,10 @@ bench-smoke: services ## the benchmark harness on tiny counts, so it cannot rot 
 # then the scale section of docs/BENCHMARKS.md and the charts (docs/*.svg);
 # the tables above it, from docs/bench-raw.txt, are not rewritten.
 SCALE_N ?= 1000000
-SCALE_TIMEOUT ?= 15m
+SCALE_TIMEOUT ?= 30m
 bench-scale: services ## 1M messages through the consumer (Redis dedup, batch inbox + purge): throughput per slice, RSS, Redis memory, inbox table size
 	$(ENV) && cd bench && IDEMQ_SCALE_MESSAGES=$(SCALE_N) IDEMQ_SCALE_TIMEOUT=$(SCALE_TIMEOUT) IDEMQ_SCALE_OUT=../docs/bench-scale-raw.txt \
-		$(GO) test -count=1 -v -run '^TestScale$$' -timeout 100m .
+		$(GO) test -count=1 -v -run '^TestScale$$' -timeout 150m .
 	$(MAKE) -s bench-report BENCH_REPORT_CMD="make bench-scale SCALE_N=$(SCALE_N)"
 
 BENCH_REPORT_CMD ?= make bench-report

@@ -50,7 +50,7 @@ import (
 // IDEMQ_SCALE_OUT (default: only the test log's summary). bench/report
 // turns them into the scale section of docs/BENCHMARKS.md and its charts.
 //
-// Bounded: each case fails after IDEMQ_SCALE_TIMEOUT (default 15m) and
+// Bounded: each case fails after IDEMQ_SCALE_TIMEOUT (default 30m) and
 // every case deletes its queue, Redis keys and database when it ends,
 // passed or not. Names carry the process id: idemq.bench.scale.<case>.p<pid>,
 // Redis prefix idemq-bench-scale-p<pid>, database idemq_bench_scale_p<pid>.
@@ -120,14 +120,16 @@ type mark struct {
 	cpu  float64
 }
 
-// progress collects the marks of one case: OnFinal calls it after each
-// delivery; only every step-th delivery takes the lock.
+// progress writes the marks of one case as they happen (a case that
+// fails half-way keeps them): OnFinal calls it after each delivery; only
+// every step-th delivery takes the lock.
 type progress struct {
+	out   *scaleOut
+	name  string
 	step  int64
 	start time.Time
 	cpu0  float64
-	mu    sync.Mutex
-	marks []mark
+	last  atomic.Int64
 }
 
 func (p *progress) onFinal(k int64) {
@@ -135,19 +137,11 @@ func (p *progress) onFinal(k int64) {
 		return
 	}
 	m := mark{msgs: k, t: time.Since(p.start), cpu: cpuSeconds() - p.cpu0}
-	p.mu.Lock()
-	p.marks = append(p.marks, m)
-	p.mu.Unlock()
+	p.last.Store(k)
+	p.out.line("scale-mark case=%s msgs=%d t=%.3f cpu=%.3f", p.name, m.msgs, m.t.Seconds(), m.cpu)
 }
 
-func (p *progress) done() int64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.marks) == 0 {
-		return 0
-	}
-	return p.marks[len(p.marks)-1].msgs
-}
+func (p *progress) done() int64 { return p.last.Load() }
 
 // sampler records the resources of one case every ScaleSampleEvery until
 // stopped.
@@ -294,7 +288,7 @@ type scaleCase struct {
 
 func TestScale(t *testing.T) {
 	n := envInt(t, "IDEMQ_SCALE_MESSAGES", 2000)
-	timeout := 15 * time.Minute
+	timeout := 30 * time.Minute
 	if v := os.Getenv("IDEMQ_SCALE_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -352,7 +346,7 @@ func TestScale(t *testing.T) {
 			fillS := time.Since(fillStart).Seconds()
 			out.line("scale-case case=%s messages=%d fill-s=%.2f fill-rate=%.0f load=%s", c.name, n, fillS, float64(n)/fillS, loadavg())
 			r := &run{Queue: queue, N: n, Lat: newLatencies(n)}
-			p := &progress{step: step, marks: make([]mark, 0, n/int(step)+1)}
+			p := &progress{out: out, name: c.name, step: step}
 			s := &sampler{out: out, name: c.name, rdb: rdb, p: p}
 			o := consumerOpts{Timeout: timeout, OnFinal: p.onFinal}
 			// The previous case's garbage does not count against this one.
@@ -361,9 +355,6 @@ func TestScale(t *testing.T) {
 			p.start, p.cpu0 = time.Now(), cpuSeconds()
 			withSampler(s, func() { c.consume(t, r, o, s) })
 			el, cpu := time.Since(p.start), cpuSeconds()-p.cpu0
-			for _, m := range p.marks {
-				out.line("scale-mark case=%s msgs=%d t=%.3f cpu=%.3f", c.name, m.msgs, m.t.Seconds(), m.cpu)
-			}
 			keys, err := unlinkMatching(context.Background(), rdb, match)
 			if err != nil {
 				t.Fatal(err)

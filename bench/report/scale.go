@@ -160,6 +160,10 @@ func parseScale(r io.Reader) (*scaleRun, error) {
 	if len(run.cases) == 0 {
 		return nil, fmt.Errorf("the scale run has no case")
 	}
+	for _, c := range run.cases {
+		// Concurrent workers may write two marks out of order.
+		sort.SliceStable(c.marks, func(i, j int) bool { return c.marks[i].msgs < c.marks[j].msgs })
+	}
 	return run, nil
 }
 
