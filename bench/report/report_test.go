@@ -60,6 +60,7 @@ func TestParseScaleMalformed(t *testing.T) {
 		{"bad number", head + "scale-case case=a\nscale-mark case=a msgs=20 t=soon cpu=0.1\n", "line 3: t=\"soon\" is not a number"},
 		{"missing field", head + "scale-case case=a\nscale-sample case=a t=1 msgs=20\n", "line 3: no rss="},
 		{"not key=value", head + "scale-case case=a\nscale-done case=a 2000\n", "line 3: field \"2000\" is not key=value"},
+		{"two different runs", head + "scale-case case=a\nscale-run messages=1000 step=10\n", "line 3: a second scale-run with messages=1000"},
 		{"unknown record", head + "scale-case case=a\nscale-oops case=a\n", "line 3: unknown record \"scale-oops\""},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -15,13 +15,21 @@ import (
 // sample, mark, done, end. Other lines (go test's own) are ignored.
 
 type scaleRun struct {
-	attrs map[string]string // the scale-run line
-	end   map[string]string // the scale-end line; nil when the run did not finish
+	attrs map[string]string // the first scale-run line
+	end   map[string]string // the last scale-end line; nil when the run did not finish
 	cases []*scaleCase
+	// parts are the processes whose output the file holds (cases may be run
+	// apart, IDEMQ_SCALE_CASES, and their files concatenated): each
+	// scale-run line and the scale-end after it, nil when that process did
+	// not finish.
+	parts []runPart
 }
+
+type runPart struct{ start, end map[string]string }
 
 type scaleCase struct {
 	name    string
+	part    int // index in scaleRun.parts
 	attrs   map[string]string // the scale-case line
 	done    map[string]string // the scale-done line; nil when it did not finish
 	marks   []scaleMark
@@ -94,12 +102,18 @@ func parseScale(r io.Reader) (*scaleRun, error) {
 			if _, err := num(kv, "messages", lineNo); err != nil {
 				return nil, err
 			}
-			run.attrs = kv
+			if run.attrs == nil {
+				run.attrs = kv
+			} else if kv["messages"] != run.attrs["messages"] || kv["step"] != run.attrs["step"] {
+				return nil, fmt.Errorf("line %d: a second scale-run with messages=%s step=%s, the first had messages=%s step=%s: not the same run",
+					lineNo, kv["messages"], kv["step"], run.attrs["messages"], run.attrs["step"])
+			}
+			run.parts = append(run.parts, runPart{start: kv})
 		case "scale-case":
 			if kv["case"] == "" {
 				return nil, fmt.Errorf("line %d: scale-case without case=", lineNo)
 			}
-			c := &scaleCase{name: kv["case"], attrs: kv}
+			c := &scaleCase{name: kv["case"], attrs: kv, part: len(run.parts) - 1}
 			byName[c.name] = c
 			run.cases = append(run.cases, c)
 		case "scale-mark":
@@ -147,6 +161,7 @@ func parseScale(r io.Reader) (*scaleRun, error) {
 			c.done = kv
 		case "scale-end":
 			run.end = kv
+			run.parts[len(run.parts)-1].end = kv
 		default:
 			return nil, fmt.Errorf("line %d: unknown record %q", lineNo, fields[0])
 		}
@@ -236,7 +251,11 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 	var b strings.Builder
 	n := r.messages()
 	fmt.Fprintf(&b, "## Scale run: %s messages\n\n", countLabel(n))
-	fmt.Fprintf(&b, "Written by `%s` from docs/bench-scale-raw.txt (run started %s). %s persistent %s-byte\n", cmd, r.attrs["started"], countLabel(n), r.attrs["body"])
+	var starts []string
+	for _, p := range r.parts {
+		starts = append(starts, p.start["started"])
+	}
+	fmt.Fprintf(&b, "Written by `%s` from docs/bench-scale-raw.txt (started %s). %s persistent %s-byte\n", cmd, strings.Join(starts, " and "), countLabel(n), r.attrs["body"])
 	fmt.Fprintf(&b, "messages through each consumer in turn, on a queue pre-filled with all of them (the\n")
 	fmt.Fprintf(&b, "consumer is measured, not the publisher), prefetch %s:\n\n", r.attrs["prefetch"])
 	for _, c := range r.cases {
@@ -245,13 +264,26 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 		}
 	}
 	fmt.Fprintln(&b)
-	fmt.Fprintf(&b, "Load average (1, 5, 15 min) at the start: %s", strings.ReplaceAll(r.attrs["load"], ",", ", "))
-	if r.end != nil {
-		fmt.Fprintf(&b, "; at the end: %s; the whole run took %s s (fills included)", strings.ReplaceAll(r.end["load"], ",", ", "), r.end["elapsed-s"])
-	} else {
-		fmt.Fprintf(&b, "; **the run did not finish** (no scale-end record)")
+	for i, p := range r.parts {
+		if len(r.parts) > 1 {
+			var names []string
+			for _, c := range r.cases {
+				if c.part == i {
+					names = append(names, "`"+c.name+"`")
+				}
+			}
+			fmt.Fprintf(&b, "Process %d (%s): load", i+1, strings.Join(names, ", "))
+		} else {
+			fmt.Fprintf(&b, "Load")
+		}
+		fmt.Fprintf(&b, " average (1, 5, 15 min) at the start %s", strings.ReplaceAll(p.start["load"], ",", ", "))
+		if p.end != nil {
+			fmt.Fprintf(&b, ", at the end %s; it took %s s, pre-fills included.\n", strings.ReplaceAll(p.end["load"], ",", ", "), p.end["elapsed-s"])
+		} else {
+			fmt.Fprintf(&b, "; it was stopped before its end (no scale-end record).\n")
+		}
 	}
-	fmt.Fprintf(&b, ".\n\n")
+	fmt.Fprintln(&b)
 
 	fmt.Fprintf(&b, "| case | msgs/s (whole run) | CPU µs / msg | fill (publish) msgs/s | slowest / fastest tenth | last tenth / first | load during the case |\n")
 	fmt.Fprintf(&b, "| --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
