@@ -57,11 +57,11 @@ func TestParseScaleMalformed(t *testing.T) {
 		{"no case", head, "has no case"},
 		{"record before the run", "scale-case case=a messages=1\n" + head, "line 1: scale-case before the scale-run line"},
 		{"mark of an unknown case", head + "scale-mark case=a msgs=20 t=0.1 cpu=0.1\n", "line 2: case \"a\" has no scale-case line"},
-		{"bad number", head + "scale-case case=a\nscale-mark case=a msgs=20 t=soon cpu=0.1\n", "line 3: t=\"soon\" is not a number"},
-		{"missing field", head + "scale-case case=a\nscale-sample case=a t=1 msgs=20\n", "line 3: no rss="},
-		{"not key=value", head + "scale-case case=a\nscale-done case=a 2000\n", "line 3: field \"2000\" is not key=value"},
-		{"two different runs", head + "scale-case case=a\nscale-run messages=1000 step=10\n", "line 3: a second scale-run with messages=1000"},
-		{"unknown record", head + "scale-case case=a\nscale-oops case=a\n", "line 3: unknown record \"scale-oops\""},
+		{"bad number", head + "scale-case case=a messages=2000\nscale-mark case=a msgs=20 t=soon cpu=0.1\n", "line 3: t=\"soon\" is not a number"},
+		{"missing field", head + "scale-case case=a messages=2000\nscale-sample case=a t=1 msgs=20\n", "line 3: no rss="},
+		{"not key=value", head + "scale-case case=a messages=2000\nscale-done case=a 2000\n", "line 3: field \"2000\" is not key=value"},
+		{"case without its count", head + "scale-case case=a\n", "line 2: no messages="},
+		{"unknown record", head + "scale-case case=a messages=2000\nscale-oops case=a\n", "line 3: unknown record \"scale-oops\""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parseScale(strings.NewReader(c.in))
@@ -216,5 +216,27 @@ func TestUpsertBlockDamaged(t *testing.T) {
 	got, err := upsertBlock(buf.String(), "charts", "body", false)
 	if err != nil || !strings.HasSuffix(got, blockBegin("charts")+"\nbody\n"+blockEnd("charts")+"\n") {
 		t.Fatalf("no marker: got %q, %v; want the block at the end", got, err)
+	}
+}
+
+func TestParseScaleTwoProcesses(t *testing.T) {
+	b, err := os.ReadFile("testdata/scale-small.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := "# a second process ran one more case apart\nscale-run messages=200 step=2 started=y load=2,2,2\nscale-case case=b messages=200\nscale-mark case=b msgs=200 t=1 cpu=0.5\nscale-done case=b msgs=200 t=1 cpu=0.5\n"
+	r, err := parseScale(strings.NewReader(string(b) + second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.parts) != 2 || r.parts[1].end != nil || r.parts[0].end == nil {
+		t.Fatalf("parts %+v, want two, the second without its end", r.parts)
+	}
+	c := r.caseNamed("b")
+	if c == nil || c.part != 1 || c.n != 200 || c.step != 2 {
+		t.Fatalf("case b %+v, want part 1, 200 messages, step 2", c)
+	}
+	if md := renderScale(r, "make bench-scale", nil); !strings.Contains(md, "## Scale run\n") || !strings.Contains(md, "Process 2 (`b`)") {
+		t.Fatalf("the section does not tell the processes apart:\n%s", md)
 	}
 }

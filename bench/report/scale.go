@@ -29,7 +29,8 @@ type runPart struct{ start, end map[string]string }
 
 type scaleCase struct {
 	name    string
-	part    int // index in scaleRun.parts
+	part    int     // index in scaleRun.parts
+	n, step float64 // its messages, and how many between two marks
 	attrs   map[string]string // the scale-case line
 	done    map[string]string // the scale-done line; nil when it did not finish
 	marks   []scaleMark
@@ -102,18 +103,23 @@ func parseScale(r io.Reader) (*scaleRun, error) {
 			if _, err := num(kv, "messages", lineNo); err != nil {
 				return nil, err
 			}
+			if _, err := num(kv, "step", lineNo); err != nil {
+				return nil, err
+			}
 			if run.attrs == nil {
 				run.attrs = kv
-			} else if kv["messages"] != run.attrs["messages"] || kv["step"] != run.attrs["step"] {
-				return nil, fmt.Errorf("line %d: a second scale-run with messages=%s step=%s, the first had messages=%s step=%s: not the same run",
-					lineNo, kv["messages"], kv["step"], run.attrs["messages"], run.attrs["step"])
 			}
 			run.parts = append(run.parts, runPart{start: kv})
 		case "scale-case":
 			if kv["case"] == "" {
 				return nil, fmt.Errorf("line %d: scale-case without case=", lineNo)
 			}
-			c := &scaleCase{name: kv["case"], attrs: kv, part: len(run.parts) - 1}
+			msgs, err := num(kv, "messages", lineNo)
+			if err != nil {
+				return nil, err
+			}
+			part := run.parts[len(run.parts)-1]
+			c := &scaleCase{name: kv["case"], attrs: kv, part: len(run.parts) - 1, n: msgs, step: f(part.start, "step")}
 			byName[c.name] = c
 			run.cases = append(run.cases, c)
 		case "scale-mark":
@@ -182,7 +188,14 @@ func parseScale(r io.Reader) (*scaleRun, error) {
 	return run, nil
 }
 
-func (r *scaleRun) messages() float64 { v, _ := strconv.ParseFloat(r.attrs["messages"], 64); return v }
+// messages is the largest case's count.
+func (r *scaleRun) messages() float64 {
+	n := 0.0
+	for _, c := range r.cases {
+		n = math.Max(n, c.n)
+	}
+	return n
+}
 
 func f(kv map[string]string, k string) float64 { v, _ := strconv.ParseFloat(kv[k], 64); return v }
 
@@ -209,7 +222,8 @@ func (c *scaleCase) markAt(msgs float64) int {
 
 // slices is the throughput of each tenth of the run (100k of 1M), from the
 // marks at its ends; ok false when a mark is missing.
-func (c *scaleCase) slices(n float64) (rates []float64, ok bool) {
+func (c *scaleCase) slices() (rates []float64, ok bool) {
+	n := c.n
 	prevT := 0.0
 	for k := 1; k <= 10; k++ {
 		i := c.markAt(n * float64(k) / 10)
@@ -250,17 +264,25 @@ var caseDoc = map[string]string{
 func renderScale(r *scaleRun, cmd string, charts []string) string {
 	var b strings.Builder
 	n := r.messages()
-	fmt.Fprintf(&b, "## Scale run: %s messages\n\n", countLabel(n))
+	same := true
+	for _, c := range r.cases {
+		same = same && c.n == n
+	}
+	if same {
+		fmt.Fprintf(&b, "## Scale run: %s messages\n\n", countLabel(n))
+	} else {
+		fmt.Fprintf(&b, "## Scale run\n\n")
+	}
 	var starts []string
 	for _, p := range r.parts {
 		starts = append(starts, p.start["started"])
 	}
-	fmt.Fprintf(&b, "Written by `%s` from docs/bench-scale-raw.txt (started %s). %s persistent %s-byte\n", cmd, strings.Join(starts, " and "), countLabel(n), r.attrs["body"])
+	fmt.Fprintf(&b, "Written by `%s` from docs/bench-scale-raw.txt (started %s). Persistent %s-byte\n", cmd, strings.Join(starts, " and "), r.attrs["body"])
 	fmt.Fprintf(&b, "messages through each consumer in turn, on a queue pre-filled with all of them (the\n")
 	fmt.Fprintf(&b, "consumer is measured, not the publisher), prefetch %s:\n\n", r.attrs["prefetch"])
 	for _, c := range r.cases {
 		if d, ok := caseDoc[c.name]; ok {
-			fmt.Fprintf(&b, "- `%s`: %s\n", c.name, strings.NewReplacer("WINDOW", r.attrs["inbox-window"], "EVERY", r.attrs["inbox-purge-every"]).Replace(d))
+			fmt.Fprintf(&b, "- `%s`, %s messages: %s\n", c.name, countLabel(c.n), strings.NewReplacer("WINDOW", r.attrs["inbox-window"], "EVERY", r.attrs["inbox-purge-every"]).Replace(d))
 		}
 	}
 	fmt.Fprintln(&b)
@@ -294,7 +316,7 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 		}
 		rate, cpu := f(c.done, "msgs")/f(c.done, "t"), f(c.done, "cpu")/f(c.done, "msgs")*1e6
 		spread, lastFirst := "—", "—"
-		if sl, ok := c.slices(n); ok {
+		if sl, ok := c.slices(); ok {
 			lo, hi := sl[0], sl[0]
 			for _, v := range sl {
 				lo, hi = math.Min(lo, v), math.Max(hi, v)
@@ -306,17 +328,17 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 			strings.SplitN(c.attrs["load"], ",", 2)[0], strings.SplitN(c.done["load"], ",", 2)[0])
 	}
 	fmt.Fprintf(&b, "\n### Throughput per tenth (msgs/s)\n\n")
-	fmt.Fprintf(&b, "| messages |")
+	fmt.Fprintf(&b, "| tenth |")
 	for _, c := range r.cases {
-		fmt.Fprintf(&b, " %s |", c.name)
+		fmt.Fprintf(&b, " %s (of %s) |", c.name, countLabel(c.n))
 	}
 	fmt.Fprintf(&b, "\n| --- |%s\n", strings.Repeat(" ---: |", len(r.cases)))
 	all := make([][]float64, len(r.cases))
 	for i, c := range r.cases {
-		all[i], _ = c.slices(n)
+		all[i], _ = c.slices()
 	}
 	for k := 0; k < 10; k++ {
-		fmt.Fprintf(&b, "| %s–%s |", countLabel(n*float64(k)/10), countLabel(n*float64(k+1)/10))
+		fmt.Fprintf(&b, "| %d |", k+1)
 		for i := range r.cases {
 			if k < len(all[i]) {
 				fmt.Fprintf(&b, " %s |", human(all[i][k]))
@@ -327,20 +349,16 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 		fmt.Fprintln(&b)
 	}
 
-	step := f(r.attrs, "step")
 	fmt.Fprintf(&b, "\n### Cost per message as the run grows\n\n")
-	fmt.Fprintf(&b, "Wall time and consumer CPU per message over the %s messages ending at each point (the first window\n", countLabel(step))
-	fmt.Fprintf(&b, "includes connecting and the consumer's start).\n\n")
-	points := []float64{n / 100, n / 10, n}
-	fmt.Fprintf(&b, "| case |")
-	for _, p := range points {
-		fmt.Fprintf(&b, " at %s: µs wall / CPU |", countLabel(p))
-	}
-	fmt.Fprintf(&b, " CPU at %s ÷ at %s |\n| --- |%s ---: |\n", countLabel(n), countLabel(n/10), strings.Repeat(" ---: |", len(points)))
+	fmt.Fprintf(&b, "Wall time and consumer CPU per message (µs) over the window of messages (1%% of the case) ending at\n")
+	fmt.Fprintf(&b, "1%%, 10%% and all of the case's messages (the first window includes connecting and the consumer's start),\n")
+	fmt.Fprintf(&b, "and the CPU per message of the whole case.\n\n")
+	fmt.Fprintf(&b, "| case | at 1%%: wall / CPU | at 10%%: wall / CPU | at 100%%: wall / CPU | CPU at 100%% ÷ at 10%% | whole case CPU µs / msg |\n")
+	fmt.Fprintf(&b, "| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, c := range r.cases {
 		fmt.Fprintf(&b, "| %s |", c.name)
 		var cpus []float64
-		for _, p := range points {
+		for _, p := range []float64{c.n / 100, c.n / 10, c.n} {
 			i := c.markAt(p)
 			if i < 0 {
 				fmt.Fprintf(&b, " — |")
@@ -348,14 +366,17 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 				continue
 			}
 			m, s, cpu := c.window(i)
-			fmt.Fprintf(&b, " %.1f / %.1f |", s/m*1e6, cpu/m*1e6)
+			fmt.Fprintf(&b, " %s: %.1f / %.1f |", countLabel(p), s/m*1e6, cpu/m*1e6)
 			cpus = append(cpus, cpu/m)
 		}
+		ratio, whole := "—", "—"
 		if cpus[1] > 0 && cpus[2] > 0 {
-			fmt.Fprintf(&b, " %.2f |\n", cpus[2]/cpus[1])
-		} else {
-			fmt.Fprintf(&b, " — |\n")
+			ratio = fmt.Sprintf("%.2f", cpus[2]/cpus[1])
 		}
+		if c.done != nil {
+			whole = fmt.Sprintf("%.1f", f(c.done, "cpu")/f(c.done, "msgs")*1e6)
+		}
+		fmt.Fprintf(&b, " %s | %s |\n", ratio, whole)
 	}
 
 	fmt.Fprintf(&b, "\n### Memory\n\n")
@@ -435,8 +456,8 @@ func scaleCharts(r *scaleRun) map[string]string {
 		load = fmt.Sprintf("Load average at the start %s, at the end %s (2 cores shared with other runs).", r.attrs["load"], r.end["load"])
 	}
 	out := map[string]string{
-		"scale-throughput.svg": lineChart(fmt.Sprintf("Scale run: throughput over %s messages", countLabel(n)),
-			fmt.Sprintf("msgs/s over each window of %s messages, against the messages done so far", countLabel(f(r.attrs, "step"))),
+		"scale-throughput.svg": lineChart(fmt.Sprintf("Scale run: throughput over up to %s messages", countLabel(n)),
+			"msgs/s over each window of 1% of the case's messages, against the messages done so far",
 			"messages done", "msgs/s", load, thr),
 	}
 	var mem []series
