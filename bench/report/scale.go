@@ -29,8 +29,8 @@ type runPart struct{ start, end map[string]string }
 
 type scaleCase struct {
 	name    string
-	part    int     // index in scaleRun.parts
-	n, step float64 // its messages, and how many between two marks
+	part    int               // index in scaleRun.parts
+	n, step float64           // its messages, and how many between two marks
 	attrs   map[string]string // the scale-case line
 	done    map[string]string // the scale-done line; nil when it did not finish
 	marks   []scaleMark
