@@ -412,10 +412,13 @@ func renderScale(r *scaleRun, cmd string, charts []string) string {
 	if ic := r.caseNamed("inbox-batch-50-purge"); ic != nil && len(ic.samples) > 0 {
 		fmt.Fprintf(&b, "\nThe inbox table over time (every ~10th sample):\n\n| s | messages | table size | rows |\n| ---: | ---: | ---: | ---: |\n")
 		every := max(len(ic.samples)/10, 1)
+		printed := ""
+
 		for i, s := range ic.samples {
-			if s.rows < 0 || (i%every != 0 && i != len(ic.samples)-1) {
+			if s.rows < 0 || (i%every != 0 && i != len(ic.samples)-1) || fmt.Sprintf("%.0f", s.t) == printed {
 				continue
 			}
+			printed = fmt.Sprintf("%.0f", s.t)
 			fmt.Fprintf(&b, "| %.0f | %s | %s | %s |\n", s.t, human(s.msgs), mb(s.inboxBytes), human(s.rows))
 		}
 	}
