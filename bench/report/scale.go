@@ -454,9 +454,17 @@ func scaleCharts(r *scaleRun) map[string]string {
 		}
 		thr = append(thr, s)
 	}
+	lo, hi := math.Inf(1), 0.0
+	for _, c := range r.cases {
+		for _, s := range c.samples {
+			if s.load1 > 0 {
+				lo, hi = math.Min(lo, s.load1), math.Max(hi, s.load1)
+			}
+		}
+	}
 	load := ""
-	if r.end != nil {
-		load = fmt.Sprintf("Load average at the start %s, at the end %s (2 cores shared with other runs).", r.attrs["load"], r.end["load"])
+	if hi > 0 {
+		load = fmt.Sprintf("1-minute load average %.1f–%.1f during the cases (the machine's cores are shared with other runs).", lo, hi)
 	}
 	out := map[string]string{
 		"scale-throughput.svg": lineChart(fmt.Sprintf("Scale run: throughput over up to %s messages", countLabel(n)),
