@@ -32,8 +32,9 @@ import (
 
 // The scale run (`make bench-scale`, issue 20): TestScale pushes
 // IDEMQ_SCALE_MESSAGES persistent messages (default 2000, what make test
-// runs; make bench-scale: 1,000,000) through each consumer in turn, each on a queue pre-filled with all its messages (fill) so that
-// the consumer is measured, not the publisher:
+// runs; make bench-scale: 1,000,000) through each consumer in turn, each
+// on a queue pre-filled with all its messages (scaleFill) so that the
+// consumer is measured, not the publisher:
 //
 //   - raw-ack-each (opt-in, IDEMQ_SCALE_CASES): raw amqp091-go, ack each
 //     (the broker alone at that queue depth: what is the broker's own
