@@ -149,6 +149,11 @@ func dedupCases() []struct {
 	}{
 		{"idemq-dedup-memory", consumerOpts{}, 0, func(*testing.B) dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) }},
 		{"idemq-dedup-redis", consumerOpts{}, 0, redis(false)},
+		// The same store, scripts and defaults on a rueidis client
+		// (auto-pipelining, RESP3) instead of go-redis.
+		{"idemq-dedup-rueidis", consumerOpts{}, 0, func(b *testing.B) dedup.Store {
+			return redistest.RueidisStore(b, redistest.Rueidis(b, redisClient(b)), redisstore.Config{})
+		}},
 		// Every claim and complete its own round trip (the guard's
 		// grouping off), through go-redis' autopipeliner.
 		{"idemq-dedup-redis-unbatched-autopipeline", consumerOpts{Workers: 32}, 1, redis(true)},
@@ -256,5 +261,21 @@ func BenchmarkRedisTuning(b *testing.B) {
 			}
 			guardConsumeBatch(b, r, c.o, st, c.maxBatch)
 		})
+	}
+}
+
+// BenchmarkSideBySide runs the raw baselines, the no-dedup consumer and the
+// Redis dedup store at the README's defaults (go-redis and rueidis) one
+// after the other in each repetition, so that with -count=N every ratio
+// compares cases measured minutes apart at most, not a whole benchmark
+// group apart (the shared machine's load moves between groups).
+func BenchmarkSideBySide(b *testing.B) {
+	consumeCase(b, "raw-ack-each", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 1) })
+	consumeCase(b, "raw-multiple-ack-50", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 50) })
+	consumeCase(b, "idemq-noop", 0, func(b *testing.B, r *run) { idemqConsume(b, r, consumerOpts{}, noop()) })
+	for _, c := range dedupCases() {
+		if c.name == "idemq-dedup-redis" || c.name == "idemq-dedup-rueidis" {
+			consumeCase(b, c.name, 0, func(b *testing.B, r *run) { guardConsumeBatch(b, r, c.opts, c.open(b), c.maxBatch) })
+		}
 	}
 }
