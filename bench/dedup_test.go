@@ -265,10 +265,11 @@ func BenchmarkRedisTuning(b *testing.B) {
 }
 
 // BenchmarkSideBySide runs the raw baselines, the no-dedup consumer and the
-// Redis dedup store at the README's defaults (go-redis and rueidis) one
-// after the other in each repetition, so that with -count=N every ratio
-// compares cases measured minutes apart at most, not a whole benchmark
-// group apart (the shared machine's load moves between groups).
+// Redis dedup store at the README's defaults one after the other. Run it
+// with -count=1 several times (make bench-side) so that each repetition
+// measures every case within a minute or two: on a shared 2-core machine
+// the load moves between benchmark groups, and -count=N repeats each case
+// N times before the next one.
 func BenchmarkSideBySide(b *testing.B) {
 	consumeCase(b, "raw-ack-each", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 1) })
 	consumeCase(b, "raw-multiple-ack-50", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 50) })
