@@ -149,11 +149,6 @@ func dedupCases() []struct {
 	}{
 		{"idemq-dedup-memory", consumerOpts{}, 0, func(*testing.B) dedup.Store { return dedup.NewMemory(dedup.MemoryConfig{}) }},
 		{"idemq-dedup-redis", consumerOpts{}, 0, redis(false)},
-		// The same store, scripts and defaults on a rueidis client
-		// (auto-pipelining, RESP3) instead of go-redis.
-		{"idemq-dedup-rueidis", consumerOpts{}, 0, func(b *testing.B) dedup.Store {
-			return redistest.RueidisStore(b, redistest.Rueidis(b, redisClient(b)), redisstore.Config{})
-		}},
 		// Every claim and complete its own round trip (the guard's
 		// grouping off), through go-redis' autopipeliner.
 		{"idemq-dedup-redis-unbatched-autopipeline", consumerOpts{Workers: 32}, 1, redis(true)},
@@ -265,7 +260,8 @@ func BenchmarkRedisTuning(b *testing.B) {
 }
 
 // BenchmarkSideBySide runs the raw baselines, the no-dedup consumer and the
-// Redis dedup store at the README's defaults one after the other. Run it
+// Redis dedup store at the README's defaults one after the other (the
+// rueidis backend of issue 20 ran here too: branch h-rueidis-exp). Run it
 // with -count=1 several times (make bench-side) so that each repetition
 // measures every case within a minute or two: on a shared 2-core machine
 // the load moves between benchmark groups, and -count=N repeats each case
@@ -275,7 +271,7 @@ func BenchmarkSideBySide(b *testing.B) {
 	consumeCase(b, "raw-multiple-ack-50", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 50) })
 	consumeCase(b, "idemq-noop", 0, func(b *testing.B, r *run) { idemqConsume(b, r, consumerOpts{}, noop()) })
 	for _, c := range dedupCases() {
-		if c.name == "idemq-dedup-redis" || c.name == "idemq-dedup-rueidis" {
+		if c.name == "idemq-dedup-redis" {
 			consumeCase(b, c.name, 0, func(b *testing.B, r *run) { guardConsumeBatch(b, r, c.opts, c.open(b), c.maxBatch) })
 		}
 	}

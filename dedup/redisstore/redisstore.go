@@ -121,7 +121,7 @@ func (s *Store) RedisKey(key string) string { return s.cfg.KeyPrefix + "{" + key
 // correctly.
 //
 // claimScript returns {1, 0} acquired, {2, pttl} in flight, {3, 0} done.
-const claimLua = `
+var claimScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 local mine = 'p:' .. ARGV[1]
 if not v or v == mine then
@@ -132,13 +132,11 @@ if v == 'd' then
   return {3, 0}
 end
 return {2, redis.call('PTTL', KEYS[1])}
-`
-
-var claimScript = redis.NewScript(claimLua)
+`)
 
 // Complete returns 1 when processing(token) became done, 0 otherwise; an
 // absent record (the lease expired, nobody took it) is still marked done.
-const completeLua = `
+var completeScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == 'p:' .. ARGV[1] then
   redis.call('SET', KEYS[1], 'd', 'PX', ARGV[2])
@@ -148,9 +146,7 @@ if not v then
   redis.call('SET', KEYS[1], 'd', 'PX', ARGV[2])
 end
 return 0
-`
-
-var completeScript = redis.NewScript(completeLua)
+`)
 
 // batchScript answers a whole batch in one script call: KEYS are the
 // claims' keys, then the completes' keys; ARGV[1] is the number of claims,
@@ -164,7 +160,7 @@ var completeScript = redis.NewScript(completeLua)
 // spares Redis the per-command (and per-script) overhead and the client a
 // reply per key. Keys of one call may be in different hash slots, so it is
 // used with single-node clients only (not Cluster, not Ring).
-const batchLua = `
+var batchScript = redis.NewScript(`
 local nc = tonumber(ARGV[1])
 local out = {}
 local a = 2
@@ -216,42 +212,34 @@ for i = nc + 1, #KEYS do
   a = a + 2
 end
 return out
-`
+`)
 
-var batchScript = redis.NewScript(batchLua)
-
-const releaseLua = `
+var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
-`
+`)
 
-var releaseScript = redis.NewScript(releaseLua)
-
-const extendLua = `
+var extendScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-`
+`)
 
-var extendScript = redis.NewScript(extendLua)
-
-const getLua = `
+var getScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then
   return {}
 end
 return {v, redis.call('PTTL', KEYS[1])}
-`
-
-var getScript = redis.NewScript(getLua)
+`)
 
 // forgetIdleScript deletes a done record and keeps a lease (live: Redis
 // expires leases) or a value that is not a dedup record. It returns {}
 // absent, {1, v, pttl} deleted, {0, v, pttl} kept.
-const forgetIdleLua = `
+var forgetIdleScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then
   return {}
@@ -262,9 +250,7 @@ if v ~= 'd' then
 end
 redis.call('DEL', KEYS[1])
 return {1, v, pttl}
-`
-
-var forgetIdleScript = redis.NewScript(forgetIdleLua)
+`)
 
 // ms converts a duration to whole milliseconds for PX, at least 1.
 func ms(d time.Duration) int64 {
@@ -667,11 +653,6 @@ func (s *Store) Get(ctx context.Context, key string) (dedup.Record, bool, error)
 func (s *Store) record(key string, val, ttl any, now time.Time) (dedup.Record, error) {
 	v, _ := val.(string)
 	pttl, _ := ttl.(int64)
-	return record(s.RedisKey(key), key, v, pttl, now)
-}
-
-// record decodes the value v and PTTL of the Redis key rk (guard key key).
-func record(rk, key, v string, pttl int64, now time.Time) (dedup.Record, error) {
 	rec := dedup.Record{Key: key}
 	if pttl > 0 {
 		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
@@ -683,7 +664,7 @@ func record(rk, key, v string, pttl int64, now time.Time) (dedup.Record, error) 
 		rec.State = dedup.StateProcessing
 		rec.Owner = strings.TrimPrefix(v, "p:")
 	default:
-		return dedup.Record{}, fmt.Errorf("key %q holds %q, not a dedup record", rk, v)
+		return dedup.Record{}, fmt.Errorf("key %q holds %q, not a dedup record", s.RedisKey(key), v)
 	}
 	return rec, nil
 }

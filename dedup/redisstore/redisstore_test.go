@@ -44,25 +44,6 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// TestConformanceRueidis runs the suite on the rueidis backend: the same
-// scripts and records through a rueidis client.
-func TestConformanceRueidis(t *testing.T) {
-	storetest.Run(t, storetest.Suite{
-		New: func(t *testing.T) dedup.Store {
-			c, prefix := testenv.Redis(t)
-			return redistest.RueidisStore(t, redistest.Rueidis(t, c), redisstore.Config{KeyPrefix: prefix + ":"})
-		},
-		Broken: func(t *testing.T) dedup.Store {
-			// A closed client: every call fails.
-			c, prefix := testenv.Redis(t)
-			rc := redistest.Rueidis(t, c)
-			rc.Close()
-			return redistest.RueidisStore(t, rc, redisstore.Config{KeyPrefix: prefix + ":"})
-		},
-		Features: storetest.Features{Batch: true, Parallel: true},
-	})
-}
-
 func TestClosedClientIsAStoreError(t *testing.T) {
 	c, prefix := testenv.Redis(t)
 	opt := c.(*redis.Client).Options()
