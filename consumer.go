@@ -80,6 +80,15 @@ type ConsumerConfig struct {
 	// whatever this is; after the first subscription every error is
 	// retried.
 	StartupAttempts int
+	// LoginGrace is how long a refused login (AMQP 403 at connection open:
+	// "username or password not allowed", "no access to this vhost") is
+	// retried before the first subscription instead of ending Run as
+	// permanent. A RabbitMQ node that is still booting refuses logins for
+	// a moment, exactly as it refuses a wrong password, so a consumer
+	// started during a broker restart (a supervisor, Kubernetes) would
+	// otherwise exit. Default 10s; negative: a refused login is permanent
+	// at once. Each refused attempt is logged at warn.
+	LoginGrace time.Duration
 	// Reconnect is the backoff between connection attempts.
 	// Default 100ms doubling to 10s, with jitter.
 	Reconnect backoff.Policy
@@ -146,6 +155,9 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	}
 	if c.AckBatch <= 0 {
 		c.AckBatch = 50
+	}
+	if c.LoginGrace == 0 {
+		c.LoginGrace = DefaultLoginGrace
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second
@@ -290,6 +302,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopWatch()
 
 	failures := 0
+	start := time.Now()
 	for {
 		established, err := c.session(ctx)
 		if ctx.Err() != nil {
@@ -298,7 +311,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if established {
 			failures = 0
 		} else if !c.readyOnce() {
-			if isPermanentStartup(err) {
+			if isPermanentStartup(err) && !(isLoginRefused(err) && time.Since(start) < c.cfg.LoginGrace) {
 				return &StartupError{Attempts: failures + 1, Permanent: true, Err: err}
 			}
 			if c.cfg.StartupAttempts > 0 && failures+1 >= c.cfg.StartupAttempts {

@@ -3,6 +3,7 @@ package idemq
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -18,8 +19,8 @@ var ErrInvalidURL = errors.New("idemq: invalid AMQP URL")
 
 // StartupError is what [Consumer.Run] returns when it gives up before its
 // first subscription: Permanent is true for an error retrying cannot fix
-// (access refused — a wrong user or password, a vhost or queue the user may
-// not use —, the queue not found, a topology declaration that conflicts
+// (access refused — a wrong user or password once ConsumerConfig.LoginGrace
+// has passed, a vhost or queue the user may not use —, the queue not found, a topology declaration that conflicts
 // with the broker's, a URL that does not parse); otherwise Attempts
 // reached ConsumerConfig.StartupAttempts. errors.Is(err, [ErrStartup])
 // holds; errors.As reaches the cause (an *amqp.Error with its Code).
@@ -48,6 +49,17 @@ var permanentAMQP = map[int]bool{
 	amqp.NotFound:           true, // 404: the queue (or an exchange Setup binds) does not exist
 	amqp.PreconditionFailed: true, // 406: a declaration that conflicts with the existing one
 	amqp.NotAllowed:         true, // 530: the vhost does not exist or may not be used
+}
+
+// DefaultLoginGrace is ConsumerConfig.LoginGrace's default.
+const DefaultLoginGrace = 10 * time.Second
+
+// isLoginRefused reports whether err (or, over several brokers, any of
+// them) is a login the broker refused at connection open. amqp091-go
+// returns [amqp.ErrCredentials] or [amqp.ErrVhost] when the broker closes
+// the socket during the handshake, which a booting node does too.
+func isLoginRefused(err error) bool {
+	return errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost)
 }
 
 // isPermanentStartup reports whether err, from a session that never
