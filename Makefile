@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-smoke bench-scale bench-report vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-side bench-smoke bench-scale bench-report vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -132,6 +132,13 @@ BENCH_COUNT ?= 3
 bench: services ## consume throughput against raw amqp091-go; writes docs/BENCHMARKS.md
 	$(ENV) && cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCH_N)x -count=$(BENCH_COUNT) -timeout 90m . | tee ../docs/bench-raw.txt
 	$(ENV) && cd bench && $(GO) run ./report -in ../docs/bench-raw.txt -out ../docs/BENCHMARKS.md -charts ../docs -cmd "make bench BENCH_N=$(BENCH_N) BENCH_COUNT=$(BENCH_COUNT)"
+
+bench-side: services ## issue 20's ratios: raw baselines, no dedup, Redis dedup at the defaults, interleaved BENCH_COUNT times (BENCH_N messages)
+	$(ENV) && cd bench && $(GO) test -c -o bench-side.test . && : > ../docs/bench-side-raw.txt && \
+	  export IDEMQ_BENCH_BEAM_PID=$$(pgrep -o beam.smp) IDEMQ_BENCH_REDIS_PID=$$(pgrep -o redis-server) && \
+	  for i in $$(seq $(BENCH_COUNT)); do uptime; ./bench-side.test -test.run '^$$' -test.bench '^BenchmarkSideBySide$$' -test.benchtime=$(BENCH_N)x -test.count=1 -test.timeout 30m | tee -a ../docs/bench-side-raw.txt; done; \
+	  rm -f bench-side.test
+	$(ENV) && cd bench && $(GO) run ./report -in ../docs/bench-side-raw.txt -out /dev/null -baseline SideBySide/raw-ack-each -cmd "make bench-side BENCH_N=$(BENCH_N) BENCH_COUNT=$(BENCH_COUNT)" | sed -n '/^## Other/,/^## Machine/p'
 
 bench-smoke: services ## the benchmark harness on tiny counts, so it cannot rot (the scale run's TestScale on 2000 messages, the report tool's tests)
 	$(ENV) && cd bench && $(GO) test -race -count=1 -run '^Test' -bench . -benchtime=200x -timeout 10m ./...

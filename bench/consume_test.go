@@ -41,6 +41,10 @@ func consumeCase(b *testing.B, name string, dupEvery int, fn func(b *testing.B, 
 		r := &run{Queue: queue, N: b.N, Lat: newLatencies(b.N)}
 		r.Dups = fill(b, queue, b.N, fmt.Sprintf("%s-%d", name, time.Now().UnixNano()), dupEvery)
 		b.ResetTimer()
+		beam, rds := servicePIDs()
+		_, selfWait0 := schedTimes(0)
+		beamCPU0, beamWait0 := schedTimes(beam)
+		redisCPU0, redisWait0 := schedTimes(rds)
 		cpu0 := cpuSeconds()
 		start := time.Now()
 		fn(b, r)
@@ -49,6 +53,21 @@ func consumeCase(b *testing.B, name string, dupEvery int, fn func(b *testing.B, 
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/el.Seconds(), "msgs/s")
 		b.ReportMetric(cpu/float64(b.N)*10000, "cpu-s/10k")
+		// Nanoseconds per message, as µs: the consumer's threads waiting
+		// for a core; with the services' pids, their CPU and waits too.
+		perMsg := func(ns float64) float64 { return ns / 1e3 / float64(b.N) }
+		_, selfWait := schedTimes(0)
+		b.ReportMetric(perMsg(selfWait-selfWait0), "rq-wait-us/msg")
+		if beam > 0 {
+			c, w := schedTimes(beam)
+			b.ReportMetric(perMsg(c-beamCPU0), "broker-cpu-us/msg")
+			b.ReportMetric(perMsg(w-beamWait0), "broker-rq-wait-us/msg")
+		}
+		if rds > 0 {
+			c, w := schedTimes(rds)
+			b.ReportMetric(perMsg(c-redisCPU0), "redis-cpu-us/msg")
+			b.ReportMetric(perMsg(w-redisWait0), "redis-rq-wait-us/msg")
+		}
 		r.Lat.report(b)
 	})
 }

@@ -258,3 +258,21 @@ func BenchmarkRedisTuning(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSideBySide runs the raw baselines, the no-dedup consumer and the
+// Redis dedup store at the README's defaults one after the other (the
+// rueidis backend of issue 20 ran here too: branch h-rueidis-exp). Run it
+// with -count=1 several times (make bench-side) so that each repetition
+// measures every case within a minute or two: on a shared 2-core machine
+// the load moves between benchmark groups, and -count=N repeats each case
+// N times before the next one.
+func BenchmarkSideBySide(b *testing.B) {
+	consumeCase(b, "raw-ack-each", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 1) })
+	consumeCase(b, "raw-multiple-ack-50", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 50) })
+	consumeCase(b, "idemq-noop", 0, func(b *testing.B, r *run) { idemqConsume(b, r, consumerOpts{}, noop()) })
+	for _, c := range dedupCases() {
+		if c.name == "idemq-dedup-redis" {
+			consumeCase(b, c.name, 0, func(b *testing.B, r *run) { guardConsumeBatch(b, r, c.opts, c.open(b), c.maxBatch) })
+		}
+	}
+}
