@@ -33,8 +33,12 @@
 // Crash behaviour: a relay killed after a confirm but before its mark leaves
 // the row pending with its lease; once the lease expires another relay (or
 // the restarted one) publishes it again with the same message ID, which the
-// consumer's dedup guard suppresses. That is the only way a row is published
-// twice. A relay killed before a confirm loses nothing: the row is still
+// consumer's dedup guard suppresses. On PostgreSQL the claims (of an
+// unordered relay) and the marks commit with synchronous_commit off
+// ([StoreConfig.SyncBookkeeping] turns that off): a database crash can lose
+// the last few hundred milliseconds of them, and those rows are published
+// again the same way, same message ID. Those are the only ways a row is
+// published twice. A relay killed before a confirm loses nothing: the row is still
 // pending. Since each claim counts an attempt, a row that crashes relays over
 // and over ends as failed after MaxAttempts rather than looping forever.
 //

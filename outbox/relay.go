@@ -521,6 +521,20 @@ func (r *Relay) refreshStats() {
 // batches: at most one per minStatsGap (or StatsInterval if shorter).
 const minStatsGap = 250 * time.Millisecond
 
+// statsCostFactor: a refresh asked for after a batch waits at least this
+// many times the last Stats query's duration. Stats counts the pending
+// rows, so it costs in proportion to the backlog; a relay working through
+// a large one refreshes less often and leaves the database to the claims
+// and marks (at most 1/statsCostFactor of one connection's time).
+const statsCostFactor = 50
+
+// statsGap is the wait before a refresh asked for after a batch, given
+// the last Stats query's duration: minStatsGap, longer when Stats is
+// slow, never beyond interval.
+func statsGap(took, interval time.Duration) time.Duration {
+	return min(max(minStatsGap, statsCostFactor*took), interval)
+}
+
 // finalStats reads Pending and Lag once more after Run stopped, for the
 // caller's last report. The recorder's gauges stay at zero.
 func (r *Relay) finalStats(ctx context.Context) {
@@ -541,7 +555,10 @@ func (r *Relay) statsLoop(ctx context.Context) {
 	}
 	logged := map[int64]bool{} // blocking rows already logged
 	for {
-		if st, err := r.cfg.Store.Stats(ctx); err == nil {
+		t0 := time.Now()
+		st, err := r.cfg.Store.Stats(ctx)
+		took := time.Since(t0)
+		if err == nil {
 			r.setGauges(st)
 		} else if ctx.Err() == nil {
 			r.log.Debug("outbox relay: stats failed", "err", err)
@@ -560,7 +577,7 @@ func (r *Relay) statsLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-r.refresh:
-			gap := time.NewTimer(min(minStatsGap, r.cfg.StatsInterval))
+			gap := time.NewTimer(statsGap(took, r.cfg.StatsInterval))
 			select {
 			case <-ctx.Done():
 			case <-gap.C:

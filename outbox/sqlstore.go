@@ -36,6 +36,17 @@ type StoreConfig struct {
 	// and wakes the relay as soon as a row commits (PostgreSQL:
 	// postgres.Listener(url)). Default nil: the relay polls.
 	Listen func(ctx context.Context, channel string, wake func()) error
+	// SyncBookkeeping (PostgreSQL) makes the relay's claims and marks wait
+	// for their WAL flush like any commit. Default false: the claim of an
+	// unordered relay and every mark commit with synchronous_commit = off
+	// for that statement's transaction only, so they do not queue behind
+	// an fsync (nor add one to the disk the broker fsyncs to). A database
+	// crash can then lose the last few hundred milliseconds of them: those
+	// rows are published again with the same message ID — at-least-once,
+	// as after a relay killed between the confirm and the mark. Rows that
+	// Add writes commit with your transaction's own setting; claims of an
+	// Ordered relay, Retry and Fail are always synchronous.
+	SyncBookkeeping bool
 }
 
 // SQLStore implements [Store], [FailedRows] and [Waker] over idemq's SQL
@@ -49,6 +60,10 @@ type SQLStore struct {
 	table string // quoted
 
 	insertSQL, notifySQL string
+	// asyncFrom is the FROM clause that turns synchronous_commit off for
+	// the statement's transaction ("" when SyncBookkeeping or not
+	// PostgreSQL).
+	asyncFrom string
 }
 
 // NewStore returns the outbox store on db (postgres.Pgx(pool),
@@ -77,6 +92,12 @@ func NewStore(ctx context.Context, db sqldb.DB, cfg StoreConfig) (*SQLStore, err
 	if d.Name == sqldb.Postgres {
 		hdr = "?::jsonb"
 		s.notifySQL = "SELECT pg_notify($1, '')"
+		if !cfg.SyncBookkeeping {
+			// set_config(…, true) lasts until the end of the statement's
+			// own (implicit) transaction, whose commit then skips the
+			// WAL flush wait.
+			s.asyncFrom = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS idemq_async"
+		}
 	}
 	s.insertSQL = d.Rebind(fmt.Sprintf(
 		"INSERT INTO %s (message_id, exchange, routing_key, content_type, headers, body, ordering_key) VALUES (?, ?, ?, ?, %s, ?, ?)", qt, hdr))
@@ -327,9 +348,16 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 		// LOCKED)) RETURNING: the ARRAY(…) makes the select an init plan,
 		// so the update probes the primary key for exactly the claimed ids
 		// instead of possibly hash-joining against a scan of the table.
+		from := s.asyncFrom
+		if ordered {
+			// A lease lost in a database crash could let another relay
+			// publish a later row of the key while this one still
+			// publishes the earlier: ordered claims stay synchronous.
+			from = ""
+		}
 		q := s.rebind(fmt.Sprintf(
-			"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ?%[4]s)) RETURNING %[5]s",
-			s.table, d.NowPlusMillis("?"), s.claimWhere(ordered), lock, s.cols()))
+			"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1%[6]s WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ?%[4]s)) RETURNING %[5]s",
+			s.table, d.NowPlusMillis("?"), s.claimWhere(ordered), lock, s.cols(), from))
 		rows, err := s.db.Query(ctx, q, owner, leaseMS, limit)
 		if err != nil {
 			return nil, s.errf("claim from", err)
@@ -402,8 +430,8 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 		return nil
 	}
 	in, args := s.idList(ids)
-	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL WHERE state = 'pending' AND id %s",
-		s.table, s.d.Now, in))
+	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL%s WHERE state = 'pending' AND id %s",
+		s.table, s.d.Now, s.asyncFrom, in))
 	if _, err := s.db.Exec(ctx, q, args...); err != nil {
 		return s.errf("mark sent in", err)
 	}

@@ -565,8 +565,12 @@ const reading = `- The RabbitMQ queue process is the ceiling (about one of the 2
   for its own confirm) is close to a raw amqp091-go publisher keeping 256
   confirms in flight; one caller publishing sequentially pays a confirm round
   trip (a broker fsync) per message, as raw does.
-- The relay publishes through the same publisher with up to
-  BatchSize×Concurrency confirms in flight, so it follows the broker's
-  confirm rate (compare it with publish: raw-confirm-window-256 in the same
-  run: a slower disk halves both); three relays contend for the same claim
-  index and do not add throughput on 2 cores.`
+- The relay (README configuration: every setting at its default) publishes
+  through the same publisher with up to BatchSize×Concurrency (256×8)
+  confirms in flight while the next batch is claimed, so the broker always
+  has a full window; per batch it runs one claim UPDATE … RETURNING and one
+  mark UPDATE, both without waiting for a WAL fsync on PostgreSQL
+  (synchronous_commit off for those statements). What it cannot avoid is
+  PostgreSQL's CPU for two row updates per message on the same 2 cores as
+  the broker, which raw publishing does not pay; three relays contend for
+  the same claim index and do not add throughput on 2 cores.`

@@ -1,0 +1,90 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/internal/sqltest"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb"
+)
+
+// statementLog records the statements a store runs on its database.
+type statementLog struct {
+	sqldb.DB
+	mu   sync.Mutex
+	stmt []string
+}
+
+func (l *statementLog) note(q string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stmt = append(l.stmt, q)
+}
+
+func (l *statementLog) last() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stmt[len(l.stmt)-1]
+}
+
+func (l *statementLog) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	l.note(q)
+	return l.DB.Exec(ctx, q, args...)
+}
+
+func (l *statementLog) Query(ctx context.Context, q string, args ...any) (sqldb.Rows, error) {
+	l.note(q)
+	return l.DB.Query(ctx, q, args...)
+}
+
+// On PostgreSQL the relay's bookkeeping skips the commit's WAL flush wait
+// by default (unordered claims and marks), ordered claims never do, and
+// SyncBookkeeping keeps every statement synchronous. The statements run
+// against a real database: the claim and the mark still do their work.
+func TestBookkeepingCommitsAsync(t *testing.T) {
+	const async = "set_config('synchronous_commit', 'off', true)"
+	for _, c := range []struct {
+		name                           string
+		sync                           bool
+		claimAsync, ordered, markAsync bool
+	}{
+		{name: "default", claimAsync: true, markAsync: true},
+		{name: "default ordered", ordered: true, claimAsync: false, markAsync: true},
+		{name: "SyncBookkeeping", sync: true},
+		{name: "SyncBookkeeping ordered", sync: true, ordered: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			be := sqltest.PostgresStd()
+			db, _ := be.Open(t, be.NewDatabase(t))
+			log := &statementLog{DB: db}
+			ctx := context.Background()
+			store, err := outbox.NewStore(ctx, log, outbox.StoreConfig{SyncBookkeeping: c.sync})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.Add(ctx, db, outbox.Message{ID: "b-1", RoutingKey: "q", Body: []byte("x")}); err != nil {
+				t.Fatal(err)
+			}
+			rows, err := store.Claim(ctx, "me", 10, time.Minute, c.ordered)
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("claim: %d rows, %v", len(rows), err)
+			}
+			if got := strings.Contains(log.last(), async); got != c.claimAsync {
+				t.Errorf("claim commits async: %v, want %v (%s)", got, c.claimAsync, log.last())
+			}
+			if err := store.MarkSent(ctx, []int64{rows[0].ID}); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(log.last(), async); got != c.markAsync {
+				t.Errorf("mark commits async: %v, want %v (%s)", got, c.markAsync, log.last())
+			}
+			if n, err := store.Count(ctx); err != nil || n[outbox.StateSent] != 1 {
+				t.Fatalf("counts %v (%v), want 1 sent", n, err)
+			}
+		})
+	}
+}
