@@ -48,7 +48,7 @@ cluster-chaos: services cluster ## the bank demo against the cluster: leader kil
 	@mkdir -p .data
 	$(ENV) && $(CLUSTER_ENV) && bin/bank demo --amqp-urls "$$IDEMQ_AMQP_URLS" --redis-sentinels "$$IDEMQ_REDIS_SENTINELS" \
 		--redis-master "$$IDEMQ_REDIS_MASTER" --messages 3000 --kills 2 --cuts 0 --proxy-cuts 0 --redis-restarts 0 \
-		--crash-rate 0.002 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
+		--crash-rate 0.002 --fail-rate 0.1 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
 		--json .data/cluster-chaos.json $(DEMO_ARGS)
 
 vet:
