@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos cluster-chaos-retries tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-smoke vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -119,6 +119,10 @@ broker-bugs: services ## probes of RabbitMQ defects idemq works around (not idem
 chaos-retries: services ## the retry policy's fault test, longer: RETRY_MESSAGES messages failing twice each, RETRY_RESTARTS restarts of a private broker while they wait in quorum retry queues, quorum and classic work queues
 	$(ENV) && IDEMQ_FAULT_RETRY_MESSAGES=$(RETRY_MESSAGES) IDEMQ_FAULT_RETRY_RESTARTS=$(RETRY_RESTARTS) IDEMQ_FAULT_RETRY_WORK_TYPES=all \
 		$(GO) test -race -count=1 -timeout 30m -tags faults -v -run '^TestFaultDelayedRetriesThroughBrokerRestarts$$' ./retry
+
+cluster-chaos-retries: services ## TestFaultClusterRetryNodeLoss, longer: CLUSTER_RETRY_MESSAGES messages per case, CLUSTER_RETRY_KILLS node losses per case while deliveries wait in quorum retry queues (private 3-node cluster)
+	$(ENV) && IDEMQ_FAULT_CLUSTER_RETRY_MESSAGES=$(CLUSTER_RETRY_MESSAGES) IDEMQ_FAULT_CLUSTER_RETRY_KILLS=$(CLUSTER_RETRY_KILLS) \
+		$(GO) test -race -count=1 -timeout 60m -tags faults -v -run '^TestFaultClusterRetryNodeLoss$$' .
 
 quickstart: services
 	$(ENV) && $(GO) run ./examples/quickstart
