@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos cluster-chaos-retries tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-smoke vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos cluster-chaos-retries tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-smoke bench-scale bench-report vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -61,7 +61,7 @@ fmt:
 test: services vet ## start services, run every test with the race detector
 	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(ENV) && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags faults -p 1 -run '^TestFault' ./...
-	$(ENV) && cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -run '^$$' -bench . -benchtime=200x -timeout 10m .
+	$(ENV) && cd bench && $(GO) vet ./... && $(GO) test -race -count=1 -run '^Test' -bench . -benchtime=200x -timeout 10m ./...
 
 # The tests that reach RabbitMQ, run again on the in-memory fake
 # (idemqtest/fakemq) under IDEMQ_TEST_BROKER=fake (internal/testenv): the
@@ -88,6 +88,7 @@ FUZZ_TARGETS := \
 	./outbox FuzzDecodeHeaders \
 	./internal/redact FuzzRedactDSN \
 	./internal/redact FuzzRedactURL \
+	./internal/mgmt FuzzResolve \
 	./examples/bank FuzzParseTransfer
 FUZZTIME ?= 4s
 fuzz: ## a short run of every fuzz target (FUZZTIME each; make fuzz FUZZTIME=5m for a long one)
@@ -134,7 +135,25 @@ BENCH_N ?= 100000
 BENCH_COUNT ?= 3
 bench: services ## consume throughput against raw amqp091-go; writes docs/BENCHMARKS.md
 	$(ENV) && cd bench && $(GO) test -run '^$$' -bench . -benchtime=$(BENCH_N)x -count=$(BENCH_COUNT) -timeout 90m . | tee ../docs/bench-raw.txt
-	$(ENV) && cd bench && $(GO) run ./report -in ../docs/bench-raw.txt -out ../docs/BENCHMARKS.md -cmd "make bench BENCH_N=$(BENCH_N) BENCH_COUNT=$(BENCH_COUNT)"
+	$(ENV) && cd bench && $(GO) run ./report -in ../docs/bench-raw.txt -out ../docs/BENCHMARKS.md -charts ../docs -cmd "make bench BENCH_N=$(BENCH_N) BENCH_COUNT=$(BENCH_COUNT)"
 
-bench-smoke: services ## the benchmark harness on tiny counts, so it cannot rot
-	$(ENV) && cd bench && $(GO) test -race -count=1 -run '^$$' -bench . -benchtime=200x -timeout 10m .
+bench-smoke: services ## the benchmark harness on tiny counts, so it cannot rot (the scale run's TestScale on 2000 messages, the report tool's tests)
+	$(ENV) && cd bench && $(GO) test -race -count=1 -run '^Test' -bench . -benchtime=200x -timeout 10m ./...
+
+# The scale run (issue 20): SCALE_N persistent messages through a raw
+# consumer, the idemq consumer with Redis dedup (default configuration) and
+# the batch inbox on PostgreSQL with its purge running, one after the other
+# (bench/scale_test.go). Each case stops by itself after SCALE_TIMEOUT and
+# removes its queue, Redis keys and database. Writes docs/bench-scale-raw.txt,
+# then the scale section of docs/BENCHMARKS.md and the charts (docs/*.svg);
+# the tables above it, from docs/bench-raw.txt, are not rewritten.
+SCALE_N ?= 1000000
+SCALE_TIMEOUT ?= 30m
+bench-scale: services ## 1M messages through the consumer (Redis dedup, batch inbox + purge): throughput per slice, RSS, Redis memory, inbox table size
+	$(ENV) && cd bench && IDEMQ_SCALE_MESSAGES=$(SCALE_N) IDEMQ_SCALE_TIMEOUT=$(SCALE_TIMEOUT) IDEMQ_SCALE_OUT=../docs/bench-scale-raw.txt \
+		$(GO) test -count=1 -v -run '^TestScale$$' -timeout 150m .
+	$(MAKE) -s bench-report BENCH_REPORT_CMD="make bench-scale SCALE_N=$(SCALE_N)"
+
+BENCH_REPORT_CMD ?= make bench-report
+bench-report: ## the charts (docs/*.svg) and the scale section of docs/BENCHMARKS.md from the existing raw files, without running anything
+	cd bench && $(GO) run ./report -tables=false -in ../docs/bench-raw.txt -scale ../docs/bench-scale-raw.txt -scale-cmd "$(BENCH_REPORT_CMD)" -out ../docs/BENCHMARKS.md -charts ../docs

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/mgmt"
 )
 
 // DefaultURL is the broker used when a config leaves URL empty and
@@ -80,6 +82,15 @@ type ConsumerConfig struct {
 	// whatever this is; after the first subscription every error is
 	// retried.
 	StartupAttempts int
+	// LoginGrace is how long a refused login (AMQP 403 at connection open:
+	// "username or password not allowed", "no access to this vhost") is
+	// retried before the first subscription instead of ending Run as
+	// permanent. A RabbitMQ node that is still booting refuses logins for
+	// a moment, exactly as it refuses a wrong password, so a consumer
+	// started during a broker restart (a supervisor, Kubernetes) would
+	// otherwise exit. Default 10s; negative: a refused login is permanent
+	// at once. Each refused attempt is logged at warn.
+	LoginGrace time.Duration
 	// Reconnect is the backoff between connection attempts.
 	// Default 100ms doubling to 10s, with jitter.
 	Reconnect backoff.Policy
@@ -125,6 +136,41 @@ type ConsumerConfig struct {
 	// Dial overrides how the connection is made (tests use it to go through a
 	// fault-injecting proxy). Default amqp.DialConfig.
 	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
+	// ManagementURL is the broker's management HTTP API (the
+	// rabbitmq_management plugin), with credentials:
+	// http(s)://user:password@host:15672 (a monitoring user is enough).
+	// When set, the consumer reads the delivery limit the broker applies
+	// to Queue — the smallest of its x-delivery-limit argument and the
+	// delivery-limit of the policy and operator policy that apply, which
+	// AMQP cannot show — at startup and after every reconnect, logs it at
+	// info with its source, and hands it to the failure policy with each
+	// delivery ([Delivery.QueueDeliveryLimit]): retry.Policy then keeps
+	// in-place requeues below it (see retry.Config.RequeueLimit). The
+	// vhost is the connection's. If it cannot be read before the first
+	// subscription, Run does not consume: a wrong password, a missing
+	// permission or queue, a response idemq does not understand end Run
+	// with a permanent [*StartupError]; anything else (the API not
+	// answering) is retried like a connection failure, within
+	// StartupAttempts. After the first subscription a failed read keeps
+	// the last limit and logs a warning. A running consumer reads it
+	// again every ManagementRefresh. Default "": not read (the
+	// policy relies on its own RequeueLimit). Never logged or shown with
+	// its password.
+	ManagementURL string
+	// ManagementTimeout bounds one read of the delivery limit, including
+	// the wait for the statistics of a queue declared a moment ago (the
+	// management API reports a queue's policy at its next statistics
+	// collection, every 5 s by default). Default 30s.
+	ManagementTimeout time.Duration
+	// ManagementRefresh is how often a running consumer reads the limit
+	// again, so a policy changed while it runs counts without a
+	// reconnect (a failed refresh keeps the last limit and logs a
+	// warning). Default 1 min; negative: only at each (re)connect.
+	ManagementRefresh time.Duration
+	// ManagementClient makes the management API requests (custom TLS
+	// roots, a proxy). Default: net/http's client with a 10 s timeout per
+	// request.
+	ManagementClient *http.Client
 }
 
 // withDefaults returns c with every unset field at its default.
@@ -146,6 +192,9 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	}
 	if c.AckBatch <= 0 {
 		c.AckBatch = 50
+	}
+	if c.LoginGrace == 0 {
+		c.LoginGrace = DefaultLoginGrace
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second
@@ -171,6 +220,12 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	if c.Dial == nil {
 		c.Dial = amqp.DialConfig
 	}
+	if c.ManagementTimeout <= 0 {
+		c.ManagementTimeout = 30 * time.Second
+	}
+	if c.ManagementRefresh == 0 {
+		c.ManagementRefresh = time.Minute
+	}
 	c.Breaker = c.Breaker.withDefaults()
 	if c.Pipeline.Policy == nil {
 		c.Pipeline.Policy = BasePolicy{RetryAfter: c.Breaker.RetryAfter}
@@ -189,6 +244,11 @@ func (c ConsumerConfig) Validate() error {
 		return err
 	}
 	c = c.withDefaults()
+	if c.ManagementURL != "" {
+		if _, err := mgmt.New(c.ManagementURL, c.ManagementClient); err != nil {
+			return fmt.Errorf("idemq: ConsumerConfig.ManagementURL: %w", err)
+		}
+	}
 	if c.HandlerTimeout < 0 {
 		return fmt.Errorf("idemq: ConsumerConfig.HandlerTimeout %v is negative", c.HandlerTimeout)
 	}
@@ -209,9 +269,14 @@ type Consumer struct {
 	counters *Counters
 	rec      Recorder
 	log      *slog.Logger
-	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
-	brk      *breaker  // dependency outages (breaker.go)
-	brokers  *brokers  // URL failover (failover.go)
+	watch    *watchdog    // long-running handler warnings (consumer_timeout.go)
+	brk      *breaker     // dependency outages (breaker.go)
+	brokers  *brokers     // URL failover (failover.go)
+	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
+
+	queueLimit atomic.Int64 // the broker's delivery limit for Queue, 0: unknown (limit.go)
+	limitMu    sync.Mutex   // serialises reads of the limit (limit.go)
+	limitRead  bool         // a limit was read once (under limitMu)
 
 	mu      sync.Mutex
 	running bool
@@ -243,6 +308,13 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	c.policy = cfg.Pipeline.Policy
 	c.handler = cfg.Pipeline.chain(c.deadline)
 	c.brk = newBreaker(cfg.Breaker, c.rec, c.log)
+	if cfg.ManagementURL != "" {
+		m, err := mgmt.New(cfg.ManagementURL, cfg.ManagementClient)
+		if err != nil {
+			return nil, fmt.Errorf("idemq: ConsumerConfig.ManagementURL: %w", err)
+		}
+		c.mgmt = m
+	}
 	return c, nil
 }
 
@@ -290,6 +362,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer stopWatch()
 
 	failures := 0
+	start := time.Now()
 	for {
 		established, err := c.session(ctx)
 		if ctx.Err() != nil {
@@ -298,7 +371,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if established {
 			failures = 0
 		} else if !c.readyOnce() {
-			if isPermanentStartup(err) {
+			if isPermanentStartup(err) && !(isLoginRefused(err) && time.Since(start) < c.cfg.LoginGrace) {
 				return &StartupError{Attempts: failures + 1, Permanent: true, Err: err}
 			}
 			if c.cfg.StartupAttempts > 0 && failures+1 >= c.cfg.StartupAttempts {

@@ -127,6 +127,15 @@ type Delivery struct {
 	ConsumerTag string
 	DeliveryTag uint64 // tag on the consumer's current channel (diagnostics only)
 	ReceivedAt  time.Time
+	// QueueDeliveryLimit is the delivery limit the broker applies to
+	// Queue (a quorum queue drops or dead-letters a delivery whose
+	// x-delivery-count passes it), as the consumer read it from the
+	// management API (ConsumerConfig.ManagementURL) at its last
+	// (re)connect: the x-delivery-limit argument or a policy's or
+	// operator policy's delivery-limit, the smallest. 0: not known (no
+	// ManagementURL, no limit, not a quorum queue). retry.Policy keeps
+	// in-place requeues below it.
+	QueueDeliveryLimit int
 
 	id    string // the ID decided by IDConfig.Apply
 	idErr error

@@ -29,6 +29,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer conn.Close()
+	if err := c.readDeliveryLimit(ctx, conn); err != nil {
+		return false, err
+	}
 	sub, err := c.subscribe(ctx, conn, ch)
 	if err != nil {
 		return false, err
@@ -36,6 +39,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	c.markReady()
 	c.consuming.Store(true)
 	defer c.consuming.Store(false)
+	rctx, stopRefresh := context.WithCancel(ctx)
+	defer stopRefresh()
+	go c.refreshDeliveryLimit(rctx, conn)
 
 	// Handlers run under hctx: not cancelled by the Run context (so they can
 	// finish on shutdown), cancelled when the channel dies (their ack is
@@ -239,6 +245,7 @@ func (c *Consumer) dispatch(w *workers, d amqp.Delivery) bool {
 		c.rec.Add(CountRedelivered, 1)
 	}
 	del := newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())
+	del.QueueDeliveryLimit = int(c.queueLimit.Load())
 	c.cfg.ID.Apply(del)
 	w.work <- job{d: d, del: del}
 	return true

@@ -3,8 +3,11 @@ package idemq
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq/internal/mgmt"
 )
 
 // ErrStartup is matched (errors.Is) by the error [Consumer.Run] returns when
@@ -18,8 +21,8 @@ var ErrInvalidURL = errors.New("idemq: invalid AMQP URL")
 
 // StartupError is what [Consumer.Run] returns when it gives up before its
 // first subscription: Permanent is true for an error retrying cannot fix
-// (access refused — a wrong user or password, a vhost or queue the user may
-// not use —, the queue not found, a topology declaration that conflicts
+// (access refused — a wrong user or password once ConsumerConfig.LoginGrace
+// has passed, a vhost or queue the user may not use —, the queue not found, a topology declaration that conflicts
 // with the broker's, a URL that does not parse); otherwise Attempts
 // reached ConsumerConfig.StartupAttempts. errors.Is(err, [ErrStartup])
 // holds; errors.As reaches the cause (an *amqp.Error with its Code).
@@ -50,6 +53,17 @@ var permanentAMQP = map[int]bool{
 	amqp.NotAllowed:         true, // 530: the vhost does not exist or may not be used
 }
 
+// DefaultLoginGrace is ConsumerConfig.LoginGrace's default.
+const DefaultLoginGrace = 10 * time.Second
+
+// isLoginRefused reports whether err (or, over several brokers, any of
+// them) is a login the broker refused at connection open. amqp091-go
+// returns [amqp.ErrCredentials] or [amqp.ErrVhost] when the broker closes
+// the socket during the handshake, which a booting node does too.
+func isLoginRefused(err error) bool {
+	return errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost)
+}
+
 // isPermanentStartup reports whether err, from a session that never
 // subscribed, cannot be fixed by retrying. A failed pass over several
 // brokers is permanent only when every broker's error is.
@@ -66,7 +80,7 @@ func isPermanentStartup(err error) bool {
 		}
 		return len(all.errs) > 0
 	}
-	if errors.Is(err, ErrInvalidURL) {
+	if errors.Is(err, ErrInvalidURL) || mgmt.Permanent(err) {
 		return true
 	}
 	var ae *amqp.Error

@@ -25,7 +25,7 @@ func benchFilter() bloom.FilterConfig {
 
 // dropKeys deletes the case's Redis keys (the filter's bitmaps are the
 // size of a generation) when it ends.
-func dropKeys(b *testing.B, c redis.UniversalClient, match string) {
+func dropKeys(b testing.TB, c redis.UniversalClient, match string) {
 	b.Cleanup(func() {
 		ctx := context.Background()
 		iter := c.Scan(ctx, 0, match, 1000).Iterator()

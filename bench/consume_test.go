@@ -141,6 +141,12 @@ type consumerOpts struct {
 	// Metrics, when set, gets the consumer's outcomes and durations
 	// (metrics.Consumer, teed with the in-memory counters).
 	Metrics *metrics.Metrics
+	// Timeout bounds the run (0: 10 minutes); the case fails past it.
+	Timeout time.Duration
+	// OnFinal, when set, is called with the number of deliveries that
+	// reached a final outcome so far, after each one (the scale run's
+	// progress marks).
+	OnFinal func(n int64)
 }
 
 // idemqConsume runs an idemq consumer until r.N deliveries reached a final
@@ -148,7 +154,7 @@ type consumerOpts struct {
 // Requeued deliveries come back and count when they do. The handler is
 // wrapped so that r.Lat gets, per delivery, the time spent in the
 // middleware mws outside the handler (see latencies).
-func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
+func idemqConsume(b testing.TB, r *run, o consumerOpts, h idemq.Handler, mws ...idemq.Middleware) *idemq.Counters {
 	if o.Prefetch == 0 {
 		o.Prefetch = Prefetch
 	}
@@ -166,7 +172,11 @@ func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...
 				return err
 			}
 			r.Lat.add(sp.overhead(time.Now()))
-			if final.Add(1) == n {
+			k := final.Add(1)
+			if o.OnFinal != nil {
+				o.OnFinal(k)
+			}
+			if k == n {
 				close(done)
 			}
 			return err
@@ -187,10 +197,15 @@ func idemqConsume(b *testing.B, r *run, o consumerOpts, h idemq.Handler, mws ...
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- c.Run(ctx) }()
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Minute
+	}
 	select {
 	case <-done:
-	case <-time.After(10 * time.Minute):
-		b.Fatal("timed out")
+	case <-time.After(o.Timeout):
+		cancel()
+		<-runDone
+		b.Fatalf("timed out after %v: %d of %d deliveries done", o.Timeout, final.Load(), n)
 	}
 	cancel() // graceful: flushes the last coalesced ack
 	if err := <-runDone; err != nil {

@@ -32,7 +32,7 @@ func pgURL() string {
 
 // benchDB creates a fresh PostgreSQL database for one case and returns a
 // pool on it.
-func benchDB(b *testing.B, name string) *pgxpool.Pool {
+func benchDB(b testing.TB, name string) *pgxpool.Pool {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(createDB(b, name))
 	if err != nil {
@@ -49,7 +49,7 @@ func benchDB(b *testing.B, name string) *pgxpool.Pool {
 
 // createDB creates a fresh PostgreSQL database, dropped at cleanup, and
 // returns its connection URL.
-func createDB(b *testing.B, name string) string {
+func createDB(b testing.TB, name string) string {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, pgURL())
 	if err != nil {
@@ -115,7 +115,7 @@ func guardConsumeBatch(b *testing.B, r *run, o consumerOpts, store dedup.Store, 
 
 // checkOnce fails the case unless every new message was processed once and
 // every repetition suppressed, with nothing rejected.
-func checkOnce(b *testing.B, r *run, rec *idemq.Counters) {
+func checkOnce(b testing.TB, r *run, rec *idemq.Counters) {
 	b.Helper()
 	if got := rec.Get(idemq.CountRejected); got != 0 {
 		b.Fatalf("%d deliveries rejected", got)

@@ -91,7 +91,9 @@ func fill(tb testing.TB, queue string, n int, prefix string, dupEvery int) int {
 	}
 	body := make([]byte, BodySize)
 	_, _ = rand.Read(body)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// 10 minutes, more for the scale run: 1M messages at the 2.4k/s a
+	// loaded shared machine gave take 7 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), max(10*time.Minute, time.Duration(n)*time.Millisecond))
 	defer cancel()
 	window := make(chan *amqp.DeferredConfirmation, 2000)
 	errc := make(chan error, 1)

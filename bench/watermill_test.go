@@ -45,7 +45,7 @@ func (r redisKeys) IsDuplicate(ctx context.Context, key string) (bool, error) {
 	return !ok, nil
 }
 
-func redisClient(b *testing.B) redis.UniversalClient {
+func redisClient(b testing.TB) redis.UniversalClient {
 	u := os.Getenv("IDEMQ_REDIS_URL")
 	if u == "" {
 		u = "redis://127.0.0.1:6379/0"

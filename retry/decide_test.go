@@ -91,7 +91,10 @@ func TestDecide(t *testing.T) {
 		err      error
 		run      int
 		stopping bool
-		want     want
+		// queueLimit is the broker's limit the consumer read from the
+		// management API (Delivery.QueueDeliveryLimit; 0: unknown).
+		queueLimit int
+		want       want
 	}{
 		{name: "success", id: "m", err: nil, run: 1, want: want{action: idemq.ActionAck, outcome: idemq.OutcomeProcessed}},
 		{name: "duplicate", id: "m", err: fmt.Errorf("inbox: %w", idemq.Duplicate(idemq.LayerInbox)), run: 1,
@@ -167,6 +170,23 @@ func TestDecide(t *testing.T) {
 		{name: "in place, RequeueLimit from an operator policy", cfg: func(c Config) Config { c.RequeueLimit = 4; return c }, id: "m",
 			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(2)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
 			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
+		// A policy's delivery-limit, read by the consumer from the
+		// management API: the smaller of it and RequeueLimit counts.
+		{name: "in place, broker limit 4 from a policy, count 2: republished", id: "m", queueLimit: 4,
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(2)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
+		{name: "in place, broker limit 4 from a policy, count 1: in place", id: "m", queueLimit: 4,
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(1)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
+			want: want{action: idemq.ActionRequeue, outcome: idemq.OutcomeDeferred, delay: time.Second, reason: "in-flight"}},
+		{name: "in place, broker limit above RequeueLimit: RequeueLimit counts", id: "m", queueLimit: 50,
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(5)}, err: idemq.RequeueInPlace(time.Second, "in-flight", transient), run: 1,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
+		{name: "in place, broker limit 1 (a limit of 0): always republished", id: "m", queueLimit: 1,
+			err: idemq.RequeueInPlace(time.Second, "in-flight", transient), headers: amqp.Table{idemq.HeaderDeliveryCount: int64(0)}, run: 1,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeDeferred, to: "q", reason: "in-flight", requeues: 1}},
+		{name: "unavailable, broker limit 4, count 2: republished, not an attempt", id: "m", queueLimit: 4,
+			headers: amqp.Table{idemq.HeaderDeliveryCount: int64(2)}, err: unavailable, run: 1,
+			want: want{action: idemq.ActionPublish, outcome: idemq.OutcomeUnavailable, to: "q", reason: RequeueUnavailable, requeues: 1}},
 		// The attempt count is x-idemq-attempt only: RabbitMQ 4.0 no
 		// longer updates x-death on messages republished by clients, and
 		// a producer can forge it.
@@ -216,7 +236,8 @@ func TestDecide(t *testing.T) {
 			for k, v := range tt.headers {
 				h[k] = v
 			}
-			d := &idemq.Delivery{MessageID: tt.id, Queue: "q", Group: "g", Exchange: tt.exchange, RoutingKey: "q", Headers: h, Body: []byte("b")}
+			d := &idemq.Delivery{MessageID: tt.id, Queue: "q", Group: "g", Exchange: tt.exchange, RoutingKey: "q", Headers: h, Body: []byte("b"),
+				QueueDeliveryLimit: tt.queueLimit}
 			if dec, ok := p.Admit(d); !ok {
 				t.Fatalf("not admitted: %v", dec)
 			}

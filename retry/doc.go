@@ -88,10 +88,14 @@
 // DeliveryLimit is republished (confirmed, then acked) to the work queue
 // itself, which starts the count again (it needs no wait, and it stays
 // lossless with the at-most-once classic retry queues of retry_type:
-// classic). The limit is [Config.RequeueLimit]: the declared
-// DeliveryLimit, or RabbitMQ 4's default quorum delivery-limit of 20 when
-// none is declared ([BrokerDefaultDeliveryLimit]); see
-// docs/RABBITMQ_VERSIONS.md. Retry queues are quorum queues with
+// classic). The limit is [Policy.RequeueLimit]: [Config.RequeueLimit] —
+// the declared DeliveryLimit, or RabbitMQ 4's default quorum
+// delivery-limit of 20 when none is declared ([BrokerDefaultDeliveryLimit])
+// — or, when lower, the limit the broker applies to the queue as the
+// consumer read it from the management API (idemq.ConsumerConfig's
+// ManagementURL, handed over in idemq.Delivery.QueueDeliveryLimit): a
+// policy's or an operator policy's delivery-limit, which AMQP cannot show.
+// See docs/RABBITMQ_VERSIONS.md. Retry queues are quorum queues with
 // at-least-once dead-lettering by default (topology), so a delivery
 // waiting in one survives a broker restart.
 //

@@ -46,9 +46,14 @@ type Config struct {
 	// queue instead of nacked with requeue, which starts the count again.
 	// Default DeliveryLimit, or [BrokerDefaultDeliveryLimit] when that is
 	// 0: RabbitMQ 4.0+ gives every quorum queue a delivery-limit of 20
-	// unless one is declared, and a limit set by an operator policy
-	// cannot be read over AMQP (a passive declare returns no arguments),
-	// so set it when a policy sets a lower one.
+	// unless one is declared. A limit set by a policy or an operator
+	// policy cannot be read over AMQP (a passive declare returns no
+	// arguments): give the consumer a management API URL
+	// (idemq.ConsumerConfig.ManagementURL), which reads the queue's
+	// effective limit at each (re)connect and hands it over with each
+	// delivery (idemq.Delivery.QueueDeliveryLimit); the policy then uses
+	// the smaller of the two. Without one, set RequeueLimit when a policy
+	// sets a lower limit.
 	RequeueLimit int
 	// DeadLetterQueue names the dead-letter queue of a work queue.
 	// Default [topology.DLQName] ("<queue>.dlq"). An empty name means no
@@ -443,11 +448,24 @@ func (p *Policy) retry(d *idemq.Delivery, cause error, attempt int) idemq.Decisi
 // a delivery deferred in place again and again would reach the broker's
 // limit and be dropped or dead-lettered without ever running; from half
 // the limit on it is republished to its work queue instead, which starts
-// the count again. The limit is DeliveryLimit, or RabbitMQ 4's default of
-// 20 when the queue declares none: never surprised by 20.
+// the count again. The limit is [Policy.RequeueLimit]: DeliveryLimit, or
+// RabbitMQ 4's default of 20 when the queue declares none (never
+// surprised by 20), or the broker's own limit when the consumer read a
+// lower one from the management API (a policy's delivery-limit).
 func (p *Policy) roomToRequeue(d *idemq.Delivery) bool {
 	n, ok := DeliveryCount(d.Headers)
-	return !ok || n < int64(p.cfg.RequeueLimit/2)
+	return !ok || n < int64(p.RequeueLimit(d)/2)
+}
+
+// RequeueLimit is the delivery limit in-place requeues of d are kept
+// below: the smaller of Config.RequeueLimit and the limit the broker
+// applies to d's queue, when the consumer read it
+// (idemq.Delivery.QueueDeliveryLimit, from the management API).
+func (p *Policy) RequeueLimit(d *idemq.Delivery) int {
+	if l := d.QueueDeliveryLimit; l > 0 && l < p.cfg.RequeueLimit {
+		return l
+	}
+	return p.cfg.RequeueLimit
 }
 
 // requeue decides for a deferral (not an attempt): in place, or through a

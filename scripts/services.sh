@@ -21,6 +21,7 @@ PG_PORT="${IDEMQ_PG_PORT:-5432}"
 MYSQL_PORT="${IDEMQ_MYSQL_PORT:-3306}"
 RABBIT_NODE="${IDEMQ_RABBITMQ_NODE:-rabbit@localhost}"
 RABBIT_DIST_PORT="${IDEMQ_RABBITMQ_DIST_PORT:-25672}"
+MGMT_PORT="${IDEMQ_RABBITMQ_MGMT_PORT:-15672}"
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { printf 'services: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -98,15 +99,36 @@ up_rabbitmq() {
 	dir="$(svc_dir rabbitmq rabbitmq)"
 	mkdir -p "$dir/mnesia" "$dir/log"
 	chown -R rabbitmq: "$dir"
+	# The management plugin (HTTP API on loopback): the consumer's
+	# ManagementURL reads a queue's delivery limit from it, and its tests
+	# set policies through it.
+	echo '[rabbitmq_management].' >"$dir/enabled_plugins"
+	printf 'management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %s\n' "$MGMT_PORT" >"$dir/rabbitmq.conf"
+	chown rabbitmq: "$dir/enabled_plugins" "$dir/rabbitmq.conf"
 	log "starting RabbitMQ (data in $dir)"
 	env RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
 		RABBITMQ_NODENAME="$RABBIT_NODE" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
 		RABBITMQ_NODE_PORT="$AMQP_PORT" RABBITMQ_DIST_PORT="$RABBIT_DIST_PORT" \
+		RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
 		nohup rabbitmq-server >"$dir/log/console.log" 2>&1 </dev/null &
 	wait_for 120 "RabbitMQ" rabbit_healthy || {
 		tail -n 40 "$dir/log/console.log" >&2 || true
 		die "RabbitMQ did not become healthy"
 	}
+}
+
+# up_rabbitmq_management enables the management plugin on a running
+# broker that lacks it (one started before this script enabled it): online,
+# no restart.
+up_rabbitmq_management() {
+	if listening "$MGMT_PORT"; then
+		return
+	fi
+	log "enabling the RabbitMQ management plugin (online)"
+	rabbitmq-plugins -q -n "$RABBIT_NODE" enable rabbitmq_management >/dev/null ||
+		die "could not enable rabbitmq_management on $RABBIT_NODE"
+	wait_for 60 "RabbitMQ management API" listening "$MGMT_PORT" ||
+		die "the management API is not listening on $MGMT_PORT"
 }
 
 up_redis() {
@@ -185,12 +207,13 @@ print_env() {
 		export IDEMQ_POSTGRES_URL='postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable'
 		export IDEMQ_MYSQL_URL='idemq:idemq@tcp(127.0.0.1:$MYSQL_PORT)/'
 		export IDEMQ_RABBITMQ_NODE='$RABBIT_NODE'
+		export IDEMQ_RABBITMQ_MGMT_URL='http://guest:guest@127.0.0.1:$MGMT_PORT'
 	EOF
 }
 
 status() {
 	local name port
-	for pair in "rabbitmq:$AMQP_PORT" "redis:$REDIS_PORT" "postgres:$PG_PORT" "mariadb:$MYSQL_PORT"; do
+	for pair in "rabbitmq:$AMQP_PORT" "rabbitmq-management:$MGMT_PORT" "redis:$REDIS_PORT" "postgres:$PG_PORT" "mariadb:$MYSQL_PORT"; do
 		name=${pair%%:*} port=${pair##*:}
 		if listening "$port"; then echo "$name: listening on 127.0.0.1:$port"; else echo "$name: down"; fi
 	done
@@ -216,6 +239,7 @@ up)
 	mkdir -p "$DATA"
 	install_missing
 	up_rabbitmq
+	up_rabbitmq_management
 	up_redis
 	up_postgres
 	up_mariadb

@@ -24,35 +24,95 @@ func main() {
 	out := flag.String("out", "../docs/BENCHMARKS.md", "markdown file to write")
 	cmdline := flag.String("cmd", "make bench", "the command that produced the input")
 	baseline := flag.String("baseline", "Consume/raw-ack-each", "case the ratios are against")
+	tables := flag.Bool("tables", true, "rewrite the tables from -in (false: keep the file's text, only rewrite the charts and the scale section)")
+	charts := flag.String("charts", "", "folder to write the SVG charts into (empty: no charts)")
+	scale := flag.String("scale", "", "the scale run's raw file (bench TestScale, make bench-scale): rewrite the scale section and its charts")
+	scaleCmd := flag.String("scale-cmd", "make bench-scale", "the command that produced -scale")
 	flag.Parse()
-	var r io.Reader = os.Stdin
-	if *in != "-" {
-		f, err := os.Open(*in)
-		if err != nil {
-			fatal(err)
-		}
-		defer f.Close()
-		r = f
-	}
-	runs, order, err := parse(r)
-	if err != nil {
+	if err := run(options{in: *in, out: *out, cmd: *cmdline, baseline: *baseline, tables: *tables, charts: *charts, scale: *scale, scaleCmd: *scaleCmd}, os.Stdout); err != nil {
 		fatal(err)
 	}
-	if len(runs) == 0 {
-		fatal(fmt.Errorf("no benchmark results in the input"))
+}
+
+type options struct {
+	in, out, cmd, baseline string
+	tables                 bool
+	charts, scale          string
+	scaleCmd               string
+}
+
+func open(path string) (io.ReadCloser, error) {
+	if path == "-" {
+		return io.NopCloser(os.Stdin), nil
 	}
-	md := render(runs, order, *baseline, *cmdline)
-	// Measurements that are not benchmarks of this module live below the
-	// marker in the existing file and are kept.
-	if old, err := os.ReadFile(*out); err == nil {
+	return os.Open(path)
+}
+
+// run writes the report o asks for and prints the markdown to stdout.
+func run(o options, stdout io.Writer) error {
+	f, err := open(o.in)
+	if err != nil {
+		return err
+	}
+	runs, order, err := parse(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", o.in, err)
+	}
+	if len(runs) == 0 {
+		return fmt.Errorf("%s: no benchmark results in the input", o.in)
+	}
+	old, err := os.ReadFile(o.out)
+	if err != nil && (!os.IsNotExist(err) || !o.tables) {
+		return err
+	}
+	md := string(old)
+	if o.tables {
+		md = render(runs, order, o.baseline, o.cmd)
+		// Measurements that are not benchmarks of this module live below
+		// the marker in the existing file and are kept.
 		if i := strings.Index(string(old), keptMarker); i >= 0 {
 			md += "\n" + string(old[i:])
 		}
 	}
-	if err := os.WriteFile(*out, []byte(md), 0o644); err != nil {
-		fatal(err)
+	if o.charts != "" {
+		bc := benchCharts(runs, order, o.baseline)
+		files := map[string]string{}
+		for _, c := range bc {
+			files[c.file] = c.svg
+		}
+		if _, err := writeCharts(o.charts, files); err != nil {
+			return err
+		}
+		if md, err = upsertBlock(md, "charts", chartsMarkdown(bc), false); err != nil {
+			return err
+		}
 	}
-	fmt.Print(md)
+	if o.scale != "" {
+		f, err := os.Open(o.scale)
+		if err != nil {
+			return err
+		}
+		sr, err := parseScale(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.scale, err)
+		}
+		var names []string
+		if o.charts != "" {
+			if names, err = writeCharts(o.charts, scaleCharts(sr)); err != nil {
+				return err
+			}
+		}
+		if md, err = upsertBlock(md, "scale", renderScale(sr, o.scaleCmd, names), true); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(o.out, []byte(md), 0o644); err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, md)
+	return err
 }
 
 const keptMarker = "<!-- kept: sections below are not regenerated -->"
@@ -67,23 +127,45 @@ type sample map[string]float64
 
 var lineRE = regexp.MustCompile(`^Benchmark(\S+?)(?:-\d+)?\s+(\d+)\s+(.*)$`)
 
+var resultRE = regexp.MustCompile(`^Benchmark\S+\s+\d`)
+
+// parse reads go test -bench output: every "BenchmarkName-P  N  v unit …"
+// line is one repetition. A result line that does not parse (a count or a
+// value that is not a number, a value without its unit) or a FAIL line is
+// an error naming the line: a damaged file must not make a quiet report.
 func parse(r io.Reader) (map[string][]sample, []string, error) {
 	runs := map[string][]sample{}
 	var order []string
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	lineNo := 0
 	for sc.Scan() {
-		m := lineRE.FindStringSubmatch(strings.TrimSpace(sc.Text()))
+		lineNo++
+		line := strings.TrimSpace(sc.Text())
+		if strings.HasPrefix(line, "--- FAIL") || strings.HasPrefix(line, "FAIL") {
+			return nil, nil, fmt.Errorf("line %d: the benchmark run failed: %q", lineNo, line)
+		}
+		m := lineRE.FindStringSubmatch(line)
 		if m == nil {
-			continue
+			if resultRE.MatchString(line) {
+				return nil, nil, fmt.Errorf("line %d: malformed benchmark result %q", lineNo, line)
+			}
+			continue // go test's other output: goos, pkg, PASS, a name alone
 		}
 		name := m[1]
 		fields := strings.Fields(m[3])
-		s := sample{"n": mustFloat(m[2])}
+		if len(fields)%2 != 0 {
+			return nil, nil, fmt.Errorf("line %d: %s: %d fields after the count, want value/unit pairs", lineNo, name, len(fields))
+		}
+		n, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			return nil, nil, fmt.Errorf("line %d: %s: count %q: %w", lineNo, name, m[2], err)
+		}
+		s := sample{"n": n}
 		for i := 0; i+1 < len(fields); i += 2 {
 			v, err := strconv.ParseFloat(fields[i], 64)
 			if err != nil {
-				continue
+				return nil, nil, fmt.Errorf("line %d: %s: value %q of %s is not a number", lineNo, name, fields[i], fields[i+1])
 			}
 			s[fields[i+1]] = v
 		}
@@ -93,11 +175,6 @@ func parse(r io.Reader) (map[string][]sample, []string, error) {
 		runs[name] = append(runs[name], s)
 	}
 	return runs, order, sc.Err()
-}
-
-func mustFloat(s string) float64 {
-	v, _ := strconv.ParseFloat(s, 64)
-	return v
 }
 
 func stats(ss []sample, unit string) (med, lo, hi float64, ok bool) {

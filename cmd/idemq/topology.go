@@ -16,7 +16,7 @@ func newTopologyCmd() *cobra.Command {
 		Use:   "topology",
 		Short: "Declare exchanges, queues, dead-letter and retry queues",
 	}
-	cmd.AddCommand(newTopologyApplyCmd())
+	cmd.AddCommand(newTopologyApplyCmd(), newTopologyInspectCmd())
 	return cmd
 }
 
