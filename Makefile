@@ -114,6 +114,8 @@ chaos: services ## the long fault run: more messages, kills, cuts, broker restar
 
 RETRY_MESSAGES ?= 3000
 RETRY_RESTARTS ?= 8
+CLUSTER_RETRY_MESSAGES ?= 1500
+CLUSTER_RETRY_KILLS ?= 3
 broker-bugs: services ## probes of RabbitMQ defects idemq works around (not idemq's tests; fails while the broker has them): deleting at-least-once retry queues right after a restart
 	$(ENV) && $(GO) test -race -count=1 -timeout 10m -tags faults,brokerbugs -v -run '^TestBroker' ./topology
 
