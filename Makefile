@@ -5,7 +5,7 @@ GO ?= go
 ENV := eval "$$(scripts/services.sh env)"
 TEST_TIMEOUT ?= 15m
 
-.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-side bench-smoke bench-scale bench-report vet fmt
+.PHONY: services env status down cluster cluster-env cluster-status cluster-down cluster-chaos cluster-chaos-retries tls tls-env tls-down test test-fake test-unit fuzz demo chaos chaos-retries broker-bugs quickstart orders bench bench-side bench-smoke bench-scale bench-report vet fmt
 
 services: ## install (Debian packages) and start RabbitMQ, Redis, PostgreSQL, MariaDB on loopback
 	@scripts/services.sh up
@@ -48,7 +48,7 @@ cluster-chaos: services cluster ## the bank demo against the cluster: leader kil
 	@mkdir -p .data
 	$(ENV) && $(CLUSTER_ENV) && bin/bank demo --amqp-urls "$$IDEMQ_AMQP_URLS" --redis-sentinels "$$IDEMQ_REDIS_SENTINELS" \
 		--redis-master "$$IDEMQ_REDIS_MASTER" --messages 3000 --kills 2 --cuts 0 --proxy-cuts 0 --redis-restarts 0 \
-		--crash-rate 0.002 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
+		--crash-rate 0.002 --fail-rate 0.1 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
 		--json .data/cluster-chaos.json $(DEMO_ARGS)
 
 vet:
@@ -114,12 +114,18 @@ chaos: services ## the long fault run: more messages, kills, cuts, broker restar
 
 RETRY_MESSAGES ?= 3000
 RETRY_RESTARTS ?= 8
+CLUSTER_RETRY_MESSAGES ?= 1500
+CLUSTER_RETRY_KILLS ?= 3
 broker-bugs: services ## probes of RabbitMQ defects idemq works around (not idemq's tests; fails while the broker has them): deleting at-least-once retry queues right after a restart
 	$(ENV) && $(GO) test -race -count=1 -timeout 10m -tags faults,brokerbugs -v -run '^TestBroker' ./topology
 
 chaos-retries: services ## the retry policy's fault test, longer: RETRY_MESSAGES messages failing twice each, RETRY_RESTARTS restarts of a private broker while they wait in quorum retry queues, quorum and classic work queues
 	$(ENV) && IDEMQ_FAULT_RETRY_MESSAGES=$(RETRY_MESSAGES) IDEMQ_FAULT_RETRY_RESTARTS=$(RETRY_RESTARTS) IDEMQ_FAULT_RETRY_WORK_TYPES=all \
 		$(GO) test -race -count=1 -timeout 30m -tags faults -v -run '^TestFaultDelayedRetriesThroughBrokerRestarts$$' ./retry
+
+cluster-chaos-retries: services ## TestClusterRetryNodeLoss (not in make test: it has lost deliveries on 3.10.8, cause not found): CLUSTER_RETRY_MESSAGES messages per case, CLUSTER_RETRY_KILLS node losses per case while deliveries wait in quorum retry queues (private 3-node cluster)
+	$(ENV) && IDEMQ_FAULT_CLUSTER_RETRY_MESSAGES=$(CLUSTER_RETRY_MESSAGES) IDEMQ_FAULT_CLUSTER_RETRY_KILLS=$(CLUSTER_RETRY_KILLS) \
+		$(GO) test -race -count=1 -timeout 60m -tags faults -v -run '^TestClusterRetryNodeLoss$$' .
 
 quickstart: services
 	$(ENV) && $(GO) run ./examples/quickstart

@@ -130,7 +130,9 @@ func (r *modeRun) waitRetryWaiting(ctx context.Context) int {
 // planClusterFaults plans --cluster-faults (redis-failover in the dedup
 // modes only): fault k fires once the consumers applied k/(F+1) of the
 // transfers; the publisher holds half a step later until it has started,
-// so every fault meets a backlog and publishes go on during it.
+// so every fault meets a backlog and publishes go on during it. With
+// --fail-rate a RabbitMQ fault first waits (up to retryWaitMax) until
+// deliveries wait in the retry queues, and counts them.
 func (r *modeRun) planClusterFaults() {
 	var faults []string
 	for _, f := range r.o.clusterFaults {
@@ -144,6 +146,11 @@ func (r *modeRun) planClusterFaults() {
 		step := r.o.messages / (len(faults) + 1)
 		r.clusterHold[(k+1)*step+step/2] = started
 		r.at((k+1)*step, func(ctx context.Context) error {
+			// With --fail-rate, as before a broker restart: the fault
+			// meets deliveries waiting in the retry queues.
+			if r.o.failRate > 0 && f != "redis-failover" {
+				r.l.retryWaiting += r.waitRetryWaiting(ctx)
+			}
 			return clusterFault(ctx, r.o.clusterScript, f, r.q.Name, started)
 		})
 	}

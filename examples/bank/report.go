@@ -117,7 +117,8 @@ type Ledger struct {
 	// deliveries republished to a retry queue, plus deferrals republished
 	// near the delivery limit), summed over the consumers (≈: a consumer killed
 	// within 25 ms of an increment loses it); RetryWaitingAtRestarts the
-	// messages in the retry queues as each broker restart began, summed.
+	// messages in the retry queues as each broker restart or RabbitMQ
+	// cluster fault began, summed.
 	TransientOnce          int   `json:"transient_once"`
 	TransientTwice         int   `json:"transient_twice"`
 	TransientApplied       int   `json:"transient_applied"`
@@ -196,7 +197,7 @@ func ledgerRows() []ledgerRow {
 		}},
 		{"  handler runs failed (≈)", func(l *ledger) string { return itoa(l.transientFailed) }},
 		{"  retried (republished) (≈)", func(l *ledger) string { return itoa(l.retried) }},
-		{"  in retry queues at restarts", func(l *ledger) string { return itoa(int64(l.retryWaiting)) }},
+		{"  in retry queues at restarts/cluster faults", func(l *ledger) string { return itoa(int64(l.retryWaiting)) }},
 		{"  applied after / at a failure", func(l *ledger) string {
 			return fmt.Sprintf("%d/%d", l.transientApplied, l.transientEarly)
 		}},

@@ -159,7 +159,13 @@ func StartCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 		if out, err := c.run(2*time.Minute, "down-now"); err != nil {
 			t.Logf("cluster down: %v\n%s", err, out)
 		}
-		_ = os.RemoveAll(dir)
+		// IDEMQ_KEEP_FAILED_NODE=1 keeps a failed test's cluster folder
+		// (the nodes' mnesia and logs) for a post-mortem.
+		if t.Failed() && os.Getenv("IDEMQ_KEEP_FAILED_NODE") != "" {
+			t.Logf("kept the private cluster's folder %s", dir)
+		} else {
+			_ = os.RemoveAll(dir)
+		}
 		t.Logf("private cluster %s stopped in %v", name, time.Since(start).Round(time.Millisecond))
 	})
 	start := time.Now()
