@@ -125,8 +125,8 @@ func TestLoginRefusedIsRetriedForLoginGrace(t *testing.T) {
 			// Longer than the default: rabbitmqctl alone takes several
 			// seconds on a loaded machine, and the grace must outlast it.
 			LoginGrace: 2 * time.Minute,
-			Reconnect: backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
-			Pipeline:  idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })},
+			Reconnect:  backoff.Policy{Min: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+			Pipeline:   idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })},
 		})
 		if err != nil {
 			t.Fatal(err)
