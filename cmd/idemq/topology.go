@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -52,15 +51,7 @@ The broker URL is --url, else IDEMQ_AMQP_URL, else the loopback default (guest o
 			if err != nil {
 				return err
 			}
-			if file == "" {
-				return errors.New("topology apply: -f FILE is required")
-			}
-			var top topology.Topology
-			if file == "-" {
-				top, err = topology.Load(cio.in)
-			} else {
-				top, err = topology.LoadFile(file)
-			}
+			top, err := loadTopologyFile(cio, "apply", file)
 			if err != nil {
 				return err
 			}
@@ -179,4 +170,16 @@ func durations(ds []time.Duration) string {
 		s += d.String()
 	}
 	return s
+}
+
+// loadTopologyFile reads the YAML topology of `topology VERB -f FILE`:
+// FILE, or standard input for "-".
+func loadTopologyFile(cio *cmdIO, verb, file string) (topology.Topology, error) {
+	switch file {
+	case "":
+		return topology.Topology{}, fmt.Errorf("topology %s: -f FILE is required", verb)
+	case "-":
+		return topology.Load(cio.in)
+	}
+	return topology.LoadFile(file)
 }

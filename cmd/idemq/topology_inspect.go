@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -58,15 +57,7 @@ the one of --url, else IDEMQ_AMQP_URL. Nothing is declared.`,
 			if err != nil {
 				return err
 			}
-			if file == "" {
-				return errors.New("topology inspect: -f FILE is required")
-			}
-			var top topology.Topology
-			if file == "-" {
-				top, err = topology.Load(cio.in)
-			} else {
-				top, err = topology.LoadFile(file)
-			}
+			top, err := loadTopologyFile(cio, "inspect", file)
 			if err != nil {
 				return err
 			}
