@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,7 +156,8 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 	// MaxAttempts well above the failures: a copy handed back twice (at
 	// least once) may carry a higher attempt number; a dead letter must
 	// never happen.
-	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: pub, QuickAttempts: 1, MaxAttempts: 8,
+	trace := newIDTrace()
+	policy, err := retry.New(retry.ForTopology(q, retry.Config{Sender: tracingSender{pub, trace}, QuickAttempts: 1, MaxAttempts: 8,
 		PublishTimeout: 30 * time.Second, PublishRetryAfter: 200 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
@@ -171,6 +174,7 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 		runs[d.MessageID]++
 		n := runs[d.MessageID]
 		mu.Unlock()
+		trace.add(d.MessageID, "run %d (attempt header %v, redelivered %v)", n, d.Headers[idemq.HeaderAttempt], d.Redelivered)
 		if n <= failures(d.MessageID) {
 			return fmt.Errorf("dependency hiccup (run %d of %s)", n, d.MessageID)
 		}
@@ -258,7 +262,9 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 		victim := cl.Leader(target)
 		publish(k, 0, batch)
 		w := waiting(fmt.Sprintf("kill %d", k+1), 0, batch/2)
+		trace.mark("kill node %d (leads %s)", victim, target)
 		cl.Run("kill", strconv.Itoa(victim))
+		trace.mark("node %d killed", victim)
 		before, _ := applied()
 		// A quorum queue without a leader may answer 0 here.
 		after, _ := clusterDepth(cl.AMQPURLs, victim, retries...)
@@ -273,7 +279,9 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 			n, _ := applied()
 			return n > before
 		})
+		trace.mark("start node %d", victim)
 		cl.Run("start", strconv.Itoa(victim))
+		trace.mark("node %d back", victim)
 		t.Logf("kill %d: node %d back after %v", k+1, victim, time.Since(start).Round(time.Second))
 	}
 	// Every message applied, or nothing left to come (a message lost in a
@@ -336,6 +344,11 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 		mu.Unlock()
 		sort.Strings(lost)
 		t.Logf("lost: %v", lost)
+		for _, l := range lost {
+			id := strings.Fields(l)[0]
+			t.Logf("trace of %s:\n%s", id, trace.dump(id))
+		}
+		dumpClusterQueues(t, cl, q.Name, retries)
 	}
 	if rows != distinct {
 		t.Errorf("applied twice: %d effect rows for %d messages", rows, distinct)
@@ -400,4 +413,85 @@ func queueDepthAt(url string, queues ...string) (int, error) {
 		total += qi.Messages
 	}
 	return total, nil
+}
+
+// idTrace records, per message ID, the consumer side's view (handler runs,
+// retry publishes and their confirms) and the test's fault marks, with
+// times, for the post-mortem of a lost delivery.
+type idTrace struct {
+	mu    sync.Mutex
+	start time.Time
+	ev    map[string][]string
+	marks []string
+}
+
+func newIDTrace() *idTrace { return &idTrace{start: time.Now(), ev: map[string][]string{}} }
+
+func (tr *idTrace) stamp() string {
+	return fmt.Sprintf("%s +%.3fs", time.Now().UTC().Format("15:04:05.000"), time.Since(tr.start).Seconds())
+}
+
+func (tr *idTrace) add(id, format string, args ...any) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.ev[id] = append(tr.ev[id], tr.stamp()+" "+fmt.Sprintf(format, args...))
+}
+
+func (tr *idTrace) mark(format string, args ...any) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.marks = append(tr.marks, tr.stamp()+" MARK "+fmt.Sprintf(format, args...))
+}
+
+func (tr *idTrace) dump(id string) string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	all := append(append([]string{}, tr.ev[id]...), tr.marks...)
+	sort.Strings(all)
+	out := ""
+	for _, l := range all {
+		out += "  " + l + "\n"
+	}
+	return out
+}
+
+// tracingSender records each retry publish and its outcome.
+type tracingSender struct {
+	s  idemq.Sender
+	tr *idTrace
+}
+
+func (ts tracingSender) Publish(ctx context.Context, m idemq.Message) error {
+	ts.tr.add(m.ID, "publish to %q (attempt header %v)", m.RoutingKey, m.Headers[idemq.HeaderAttempt])
+	err := ts.s.Publish(ctx, m)
+	ts.tr.add(m.ID, "publish to %q returned %v", m.RoutingKey, err)
+	return err
+}
+
+// dumpClusterQueues logs what every running node says of the queues: the
+// counts (messages_dlx: at-least-once dead letters not yet confirmed by
+// their target), the Raft members' status, the dead-letter workers, and
+// each quorum queue's state machine overview.
+func dumpClusterQueues(t *testing.T, cl *testenv.Cluster, work string, retries []string) {
+	t.Helper()
+	run := func(timeout time.Duration, name string, args ...string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Sprintf("%s(error %v)", out, err)
+		}
+		return string(out)
+	}
+	qs := append([]string{work}, retries...)
+	for _, n := range cl.Nodes {
+		t.Logf("node %s list_queues:\n%s", n, run(time.Minute, "rabbitmqctl", "-n", n, "list_queues", "name", "type", "messages", "messages_ready",
+			"messages_unacknowledged", "messages_dlx", "message_bytes_dlx", "leader", "members", "online"))
+		t.Logf("node %s dlx workers: %s", n, run(time.Minute, "rabbitmqctl", "-n", n, "eval", "supervisor:which_children(rabbit_fifo_dlx_sup)."))
+		for _, q := range qs {
+			t.Logf("node %s, %s: quorum_status:\n%s", n, q, run(time.Minute, "rabbitmq-queues", "-n", n, "quorum_status", q))
+			expr := fmt.Sprintf(`{ok,Q}=rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>,queue,<<"%s">>)), {RN,L}=amqqueue:get_pid(Q), R=ra:local_query({RN,node()}, fun(S) -> {rabbit_fifo:overview(S), S} end), io:format("leader record ~p~n~P~n", [L, R, 40]), ok.`, q)
+			t.Logf("node %s, %s: local state:\n%s", n, q, run(time.Minute, "rabbitmqctl", "-n", n, "eval", expr))
+		}
+	}
 }
