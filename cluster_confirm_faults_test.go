@@ -25,8 +25,9 @@ import (
 // idemq's retry queues are (TTL 2 s, at-least-once dead-lettering to the
 // work queue, reject-publish) and led by node 2, and node 2 is killed
 // mid-stream; every message the broker confirmed must then come through
-// the work queue. One publisher is idemq's (all three URLs, a new
-// connection after a nack), the other raw amqp091-go on a node that is
+// the work queue (led by node 1). One publisher is idemq's (all three
+// URLs, a new connection after a nack; half its messages go to the work
+// queue directly), the other raw amqp091-go on a node that is
 // never killed, one message at a time, a new connection after a nack or a
 // close. It is TestClusterRetryNodeLoss without idemq's consumer, retry
 // policy and inbox: a confirmed message missing here is lost between the
@@ -36,10 +37,13 @@ func TestClusterConfirmLeaderKill(t *testing.T) {
 	q := topology.Queue{Name: testenv.Name(t, "ccq"), Type: topology.Quorum, RetryDelays: []time.Duration{2 * time.Second}}
 	plan := topology.ForQueue(q)
 	target := plan.Retries[0].Name
+	// The work queue on node 1, the retry queue on node 2 (quorum
+	// leaders go to the declaring node).
+	withClusterChannel(t, cl.AMQPURLs[0], func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(q.Name, true, false, false, false, plan.Args)
+		return err
+	})
 	withClusterChannel(t, cl.AMQPURLs[1], func(ch *amqp.Channel) error {
-		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, plan.Args); err != nil {
-			return err
-		}
 		_, err := ch.QueueDeclare(target, true, false, false, false, plan.Retries[0].Args)
 		return err
 	})
@@ -111,14 +115,22 @@ func TestClusterConfirmLeaderKill(t *testing.T) {
 	}
 	t.Cleanup(func() { pub.Close() })
 	var seq atomic.Int64
+	// Half of idemq's publishes go straight to the work queue, as a
+	// consumer's retries and new messages share one publisher: on one
+	// channel, acks from the live work queue then mix with the answers
+	// from the retry queue being re-elected (TestPublishNackNotTurnedIntoAck).
 	for w := 0; w < 16; w++ {
+		key := target
+		if w%2 == 1 {
+			key = q.Name
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				id := "i-" + strconv.FormatInt(seq.Add(1), 10)
 				pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
-				err := pub.Publish(pctx, idemq.Message{ID: id, RoutingKey: target, Body: []byte(id)})
+				err := pub.Publish(pctx, idemq.Message{ID: id, RoutingKey: key, Body: []byte(id)})
 				pcancel()
 				if err == nil {
 					record(id)
@@ -128,7 +140,7 @@ func TestClusterConfirmLeaderKill(t *testing.T) {
 	}
 	// The raw publisher, on node 3 (never killed).
 	raw := cl.AMQPURLs[2]
-	if leader == 3 {
+	if leader == 3 { // not expected: node 2 declared it
 		raw = cl.AMQPURLs[0]
 	}
 	wg.Add(1)
