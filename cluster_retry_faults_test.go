@@ -155,7 +155,8 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 	}
 
 	fast := backoffFast()
-	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URLs: cl.AMQPURLs, Logger: quietLogger(), Retry: fast, Heartbeat: 2 * time.Second})
+	pubCounters := &idemq.Counters{}
+	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URLs: cl.AMQPURLs, Logger: quietLogger(), Retry: fast, Heartbeat: 2 * time.Second, Recorder: pubCounters})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,9 +325,10 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 	}
 	mu.Unlock()
 	c := cons.Counters()
-	t.Logf("%d messages through %d node losses (%s's leader) in %v, waiting in retry queues at each kill %v and while down %v: applied %d (rows %d), lost %d, applied twice %d, dead letters %d; handler runs %d, retried %d, duplicates suppressed %d, redelivered %d, reconnects %d",
+	t.Logf("%d messages through %d node losses (%s's leader) in %v, waiting in retry queues at each kill %v and while down %v: applied %d (rows %d), lost %d, applied twice %d, dead letters %d; handler runs %d, retried %d, duplicates suppressed %d, redelivered %d, reconnects %d; publisher: %d confirmed, %d attempts resent, %d reconnects",
 		sent, kills, target, elapsed.Round(time.Second), atKill, atReturn, distinct, rows, sent-distinct, rows-distinct, dlq,
-		totalRuns, c.Get(idemq.CountRetried), c.Get(idemq.CountDuplicates), c.Get(idemq.CountRedelivered), c.Get(idemq.CountReconnects))
+		totalRuns, c.Get(idemq.CountRetried), c.Get(idemq.CountDuplicates), c.Get(idemq.CountRedelivered), c.Get(idemq.CountReconnects),
+		pubCounters.Get(idemq.CountPublished), pubCounters.Get(idemq.CountPublishRetries), pubCounters.Get(idemq.CountReconnects))
 	if distinct != sent {
 		t.Errorf("lost: %d of %d messages applied", distinct, sent)
 		r, err := pool.Query(ctx, `SELECT id FROM effects WHERE id LIKE $1`, q.Name+"/%")
