@@ -310,7 +310,37 @@ func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
 type pendingPub struct {
 	done     chan error // buffered 1
 	returned *ReturnedError
+	// dc is the broker's own answer for this publish. amqp091-go's
+	// NotifyPublish (which the dispatcher reads, for the order of returns
+	// and confirms) resequences confirms and reports every tag up to a
+	// multiple ack as acked, a nack that came earlier out of order
+	// included; the deferred confirmation keeps that nack.
+	dc *amqp.DeferredConfirmation
+	// notified: the dispatcher saw this publish's confirm before publish
+	// attached dc; publish settles it.
+	notified bool
 }
+
+// result is the outcome of a publish whose confirm the dispatcher saw.
+// Called with pc.mu held, once dc is set.
+func (pp *pendingPub) result() error {
+	if pp.returned != nil {
+		return pp.returned
+	}
+	select {
+	case <-pp.dc.Done():
+	default:
+		// Not expected: amqp091-go settles the deferred confirmation
+		// before it notifies. Unknown outcome: the caller retries.
+		return errConfirmUnknown
+	}
+	if pp.dc.Acked() {
+		return nil
+	}
+	return ErrNacked
+}
+
+var errConfirmUnknown = errors.New("idemq: confirm notified before the broker's answer was known")
 
 // pubChannel is one connection+channel in confirm mode.
 type pubChannel struct {
@@ -355,7 +385,10 @@ func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publis
 	pc.pending[seq] = pp
 	pc.mu.Unlock()
 	pub.Headers[HeaderPublishSeq] = int64(seq)
-	err := pc.ch.PublishWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
+	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
+	if err == nil && dc == nil {
+		err = errors.New("channel not in confirm mode")
+	}
 	if err != nil {
 		pc.mu.Lock()
 		delete(pc.pending, seq)
@@ -363,6 +396,13 @@ func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publis
 		pc.pubMu.Unlock()
 		return fmt.Errorf("publish frame: %w", err)
 	}
+	pc.mu.Lock()
+	pp.dc = dc
+	if pp.notified && pc.pending[seq] == pp {
+		delete(pc.pending, seq)
+		pp.done <- pp.result()
+	}
+	pc.mu.Unlock()
 	pc.pubMu.Unlock()
 
 	select {
@@ -402,21 +442,19 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 			if !ok {
 				return
 			}
+			// c.Ack is not trusted (see pendingPub.dc): the deferred
+			// confirmation says whether the broker acked this tag.
 			pc.mu.Lock()
 			pp := pc.pending[c.DeliveryTag]
-			delete(pc.pending, c.DeliveryTag)
-			pc.mu.Unlock()
-			if pp == nil {
-				continue
-			}
 			switch {
-			case pp.returned != nil:
-				pp.done <- pp.returned
-			case c.Ack:
-				pp.done <- nil
+			case pp == nil:
+			case pp.dc == nil:
+				pp.notified = true // publish has not attached dc yet: it settles
 			default:
-				pp.done <- ErrNacked
+				delete(pc.pending, c.DeliveryTag)
+				pp.done <- pp.result()
 			}
+			pc.mu.Unlock()
 		case e := <-closed:
 			if e != nil {
 				why = fmt.Errorf("%w: %v", errChannelLost, e)

@@ -28,6 +28,7 @@
 # prefix), IDEMQ_CLUSTER_AMQP_PORTS, IDEMQ_CLUSTER_DIST_PORTS,
 # IDEMQ_CLUSTER_MGMT_PORTS, IDEMQ_CLUSTER_REDIS_PORTS (primary first),
 # IDEMQ_CLUSTER_SENTINEL_PORTS: space-separated lists of three ports.
+# IDEMQ_CLUSTER_LOG_LEVEL sets the nodes' log level (default info).
 # IDEMQ_CLUSTER_MGMT=1 enables the management plugin (off by default: its
 # statistics cost CPU the 2-core machines do not have to spare).
 set -euo pipefail
@@ -88,6 +89,8 @@ start_node() {
 		cluster_partition_handling = pause_minority
 		# Quorum queues: small Raft segments and WAL, this is a laptop-sized cluster.
 		raft.wal_max_size_bytes = 16777216
+		# IDEMQ_CLUSTER_LOG_LEVEL=debug for a post-mortem (dead-letter workers, elections).
+		log.file.level = ${IDEMQ_CLUSTER_LOG_LEVEL:-info}
 	EOF
 	chown -R rabbitmq: "$dir"
 	rm -f "$dir/pid"
