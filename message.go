@@ -130,8 +130,8 @@ type Delivery struct {
 	// QueueDeliveryLimit is the delivery limit the broker applies to
 	// Queue (a quorum queue drops or dead-letters a delivery whose
 	// x-delivery-count passes it), as the consumer read it from the
-	// management API (ConsumerConfig.ManagementURL) at its last
-	// (re)connect: the x-delivery-limit argument or a policy's or
+	// management API (ConsumerConfig.ManagementURL) at its last read
+	// (each (re)connect and every ManagementRefresh): the x-delivery-limit argument or a policy's or
 	// operator policy's delivery-limit, the smallest. 0: not known (no
 	// ManagementURL, no limit, not a quorum queue). retry.Policy keeps
 	// in-place requeues below it.
