@@ -42,6 +42,12 @@ const (
 	// with HeaderAttempt or HeaderRequeues, the marker of idemq's own
 	// retry path.
 	HeaderQueue = "x-idemq-queue"
+	// HeaderDeadLetterHeld, on a delivery the retry policy holds back
+	// because its dead letter could not be routed (the dead-letter queue is
+	// missing, or unavailable while its node is down): the dead-letter
+	// reason. Such a delivery comes back through the retry path and is
+	// dead-lettered again before any handler runs.
+	HeaderDeadLetterHeld = "x-idemq-dead-letter-held"
 	// HeaderDeadLetteredAt: when the policy dead-lettered the message.
 	HeaderDeadLetteredAt = "x-idemq-dead-lettered-at"
 	// HeaderReplayedAt: when a dead letter was replayed.

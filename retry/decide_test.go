@@ -387,8 +387,16 @@ func TestPublishFailed(t *testing.T) {
 			want{idemq.ActionPublish, idemq.OutcomeDeadLettered, 0, []string{"q.retry.100", "q.dlq", "q.dlq"}, true, ""}},
 		{"nothing fits", false, "m-1", transient, 0, []error{tooLarge(), tooLarge(), tooLarge()},
 			want{idemq.ActionReject, idemq.OutcomeRejected, 0, []string{"q.retry.100", "q.dlq", "q.dlq"}, true, CountUnpublishable}},
-		{"retry queue and DLQ unroutable", false, "m-1", transient, 0, []error{unroutable(), unroutable()},
-			want{idemq.ActionReject, idemq.OutcomeRejected, 0, []string{"q.retry.100", "q.dlq"}, false, CountUnpublishable}},
+		{"retry queue and DLQ unroutable: held in the retry queue", false, "m-1", transient, 0, []error{unroutable(), unroutable()},
+			want{idemq.ActionPublish, idemq.OutcomeDeferred, 0, []string{"q.retry.100", "q.dlq", "q.retry.100"}, false, CountDeadLetterHeld}},
+		{"DLQ unroutable: held in the retry queue", false, "m-1", idemq.Permanent(transient), 0, []error{unroutable()},
+			want{idemq.ActionPublish, idemq.OutcomeDeferred, 0, []string{"q.dlq", "q.retry.100"}, false, CountDeadLetterHeld}},
+		{"DLQ and retry queue unroutable: held in the work queue", false, "m-1", idemq.Permanent(transient), 0, []error{unroutable(), unroutable()},
+			want{idemq.ActionPublish, idemq.OutcomeDeferred, 0, []string{"q.dlq", "q.retry.100", "q"}, false, CountDeadLetterHeld}},
+		{"everything unroutable: waits in place", false, "m-1", idemq.Permanent(transient), 0, []error{unroutable(), unroutable(), unroutable()},
+			want{idemq.ActionRequeue, idemq.OutcomeDeferred, time.Second, []string{"q.dlq", "q.retry.100", "q"}, false, ""}},
+		{"no DLQ configured, DLQ unroutable is not the question", true, "m-1", idemq.Permanent(transient), 0, []error{unroutable()},
+			want{idemq.ActionReject, idemq.OutcomeRejected, 0, nil, false, CountNoDeadLetterQueue}},
 		{"invalid headers", false, "m-1", idemq.Permanent(transient), 0,
 			[]error{fmt.Errorf("%w: bad type", idemq.ErrInvalidHeaders)},
 			want{idemq.ActionReject, idemq.OutcomeRejected, 0, []string{"q.dlq"}, false, CountUnpublishable}},
@@ -454,6 +462,79 @@ func TestPublishFailed(t *testing.T) {
 				t.Errorf("counters %v, want [%s]", dec.Counters, tt.want.counter)
 			}
 		})
+	}
+}
+
+// A dead letter the broker could not route is held back, marked, and
+// dead-lettered again when it comes back, before the handler runs, with
+// the reason and error it failed with. Held again, it waits in place while
+// its delivery count allows; past half the limit it is republished to the
+// work queue, still marked. A marker a producer set is not trusted.
+func TestHeldDeadLetterComesBackAsADeadLetter(t *testing.T) {
+	s := &scripted{errs: []error{unroutable()}}
+	p := mustNew(t, Config{Sender: s, QuickAttempts: 1, Delays: []time.Duration{100 * time.Millisecond, 2 * time.Second},
+		DeliveryLimit: 10, Now: func() time.Time { return testNow }})
+	d := &idemq.Delivery{MessageID: "m-1", Queue: "q", RoutingKey: "q", Headers: amqp.Table{"own": "kept"}, Body: []byte("b")}
+	p.Admit(d)
+	dec := carry(p, d, p.Decide(d, idemq.Run{Err: idemq.Reject("bad-amount", errors.New("bad amount")), N: 1}))
+	if dec.Action != idemq.ActionPublish || dec.Outcome != idemq.OutcomeDeferred || dec.Reason != RequeueDeadLetterHeld {
+		t.Fatalf("settled on %v, want a held publish", dec)
+	}
+	// The hold waits in the smallest retry queue of at least PublishRetryAfter (1s).
+	held := s.got[1]
+	if held.RoutingKey != "q.retry.2000" || held.Headers[idemq.HeaderDeadLetterHeld] != "bad-amount" ||
+		held.Headers[idemq.HeaderQueue] != "q" || held.Headers["own"] != "kept" {
+		t.Fatalf("held message to %q headers %v", held.RoutingKey, held.Headers)
+	}
+	errClass := held.Headers[idemq.HeaderErrorClass]
+	lastFailure := held.Headers[idemq.HeaderLastFailure]
+
+	// It comes back from the retry queue: dead-lettered before any handler run.
+	back := func(h amqp.Table) *idemq.Delivery {
+		c := amqp.Table{}
+		for k, v := range h {
+			c[k] = v
+		}
+		return &idemq.Delivery{MessageID: "m-1", Queue: "q", RoutingKey: "q", Headers: c, Body: []byte("b")}
+	}
+	p.cfg.Now = func() time.Time { return testNow.Add(time.Hour) }
+	d2 := back(held.Headers)
+	dl, ok := p.Admit(d2)
+	if ok || dl.Action != idemq.ActionPublish || dl.Outcome != idemq.OutcomeDeadLettered || dl.Reason != "bad-amount" {
+		t.Fatalf("Admit of a held delivery: ok %v, %v", ok, dl)
+	}
+	h := dl.Message.Headers
+	if dl.Message.RoutingKey != "q.dlq" || h[idemq.HeaderReason] != "bad-amount" || h[idemq.HeaderErrorClass] != errClass ||
+		h[idemq.HeaderLastFailure] != lastFailure || !strings.Contains(fmt.Sprint(h[idemq.HeaderError]), "bad amount") ||
+		h["own"] != "kept" {
+		t.Fatalf("dead letter to %q headers %v", dl.Message.RoutingKey, h)
+	}
+	if _, marked := h[idemq.HeaderDeadLetterHeld]; marked {
+		t.Fatalf("the dead letter still carries %s", idemq.HeaderDeadLetterHeld)
+	}
+
+	// Still unroutable: it waits in place (the marker stays on the message).
+	s.errs, s.got = []error{unroutable()}, nil
+	again := carry(p, d2, dl)
+	if again.Action != idemq.ActionRequeue || again.Delay != time.Second || again.Reason != RequeueDeadLetterHeld ||
+		len(again.Counters) != 1 || again.Counters[0] != CountDeadLetterHeld {
+		t.Fatalf("held again: %v (counters %v), want in place after 1s", again, again.Counters)
+	}
+	// Past half the delivery limit: republished to the work queue, marked.
+	d3 := back(held.Headers)
+	d3.Headers[idemq.HeaderDeliveryCount] = int64(5)
+	dl3, _ := p.Admit(d3)
+	s.errs, s.got = []error{unroutable()}, nil
+	if out := carry(p, d3, dl3); out.Action != idemq.ActionPublish || len(s.got) != 2 || s.got[1].RoutingKey != "q" ||
+		s.got[1].Headers[idemq.HeaderDeadLetterHeld] != "bad-amount" {
+		t.Fatalf("past half the limit: %v, published %v", out, s.got)
+	}
+
+	// A producer's marker is dropped: the delivery runs.
+	forged := &idemq.Delivery{MessageID: "m-2", Queue: "q", RoutingKey: "q", Exchange: "ingress",
+		Headers: amqp.Table{idemq.HeaderDeadLetterHeld: "rejected", idemq.HeaderQueue: "q", idemq.HeaderRequeues: int64(1)}}
+	if _, ok := p.Admit(forged); !ok {
+		t.Fatal("a forged hold marker dead-lettered the delivery")
 	}
 }
 

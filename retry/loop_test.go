@@ -116,20 +116,22 @@ func TestNoDLQTopologyRejectsInsteadOfLooping(t *testing.T) {
 	}
 }
 
-// A dead-letter queue that was deleted (the topology says it exists) makes
-// the dead letter unroutable: no wait can fix that. The old policy requeued
-// the delivery every PublishRetryAfter for ever (the handler reran each
-// time); now it rejects it to the broker — whose dead-letter exchange, if
-// any, takes it — with an error log line and a counter.
-func TestDeletedDLQRejectsInsteadOfLooping(t *testing.T) {
+// A dead-letter queue that is deleted (the topology says it exists), or
+// unavailable (a classic DLQ whose node is down), makes the dead letter
+// unroutable. The policy used to reject the delivery to the broker, whose
+// dead-letter route leads to the same queue, so the message was dropped.
+// Now it is held back — through a retry queue, or the work queue itself
+// when that is gone too — and dead-lettered as soon as the queue is back,
+// without running the handler again.
+func TestUnroutableDLQHoldsTheDeadLetter(t *testing.T) {
 	tests := []struct {
 		name        string
 		deleteRetry bool
 		err         error
-		calls       int
+		reason      string
 	}{
-		{"permanent", false, idemq.Permanent(errors.New("bad")), 1},
-		{"retry queue and DLQ gone", true, errors.New("flaky"), 1},
+		{"permanent", false, idemq.Permanent(errors.New("bad")), idemq.ReasonPermanent},
+		{"retry queue and DLQ gone", true, errors.New("flaky"), idemq.ReasonHandlerError},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -146,13 +148,27 @@ func TestDeletedDLQRejectsInsteadOfLooping(t *testing.T) {
 					return tt.err
 				})
 			testenv.Publish(t, "", p.Queue, amqp.Publishing{MessageId: "gone-1"})
-			settle(t, &c, "the rejection", func() bool { return cons.Counters().Get(idemq.CountRejected) == 1 })
-			testenv.Eventually(t, wait, "work queue empty", func() bool { n, _ := testenv.QueueCounts(t, p.Queue); return n == 0 })
-			if c.n() != tt.calls {
-				t.Fatalf("handler ran %d times, want %d", c.n(), tt.calls)
+			settle(t, &c, "several holds", func() bool { return cons.Counters().Get(retry.CountDeadLetterHeld) >= 4 })
+			if n := cons.Counters().Get(idemq.CountRejected); n != 0 {
+				t.Fatalf("%d rejected: the broker would drop it", n)
 			}
-			if n := cons.Counters().Get(retry.CountUnpublishable); n != 1 {
-				t.Fatalf("%s = %d, want 1", retry.CountUnpublishable, n)
+			if _, err := testenv.Channel(t).QueueDeclare(p.DLQ, true, false, false, false, p.DLQArgs); err != nil {
+				t.Fatal(err)
+			}
+			dl := waitDLQ(t, p.DLQ, 1)[0]
+			if dl.MessageId != "gone-1" || hs(dl.Headers, idemq.HeaderReason) != tt.reason ||
+				!strings.Contains(hs(dl.Headers, idemq.HeaderError), tt.err.Error()) {
+				t.Fatalf("dead letter %q reason %q error %q", dl.MessageId, hs(dl.Headers, idemq.HeaderReason), hs(dl.Headers, idemq.HeaderError))
+			}
+			if _, marked := dl.Headers[idemq.HeaderDeadLetterHeld]; marked {
+				t.Fatalf("dead letter still marked held: %v", dl.Headers)
+			}
+			testenv.Eventually(t, wait, "work queue empty", func() bool { n, _ := testenv.QueueCounts(t, p.Queue); return n == 0 })
+			if c.n() != 1 {
+				t.Fatalf("handler ran %d times, want 1 (a held dead letter does not run again)", c.n())
+			}
+			if n := cons.Counters().Get(idemq.CountDeadLettered); n != 1 {
+				t.Fatalf("%s = %d, want 1", idemq.CountDeadLettered, n)
 			}
 		})
 	}

@@ -276,10 +276,14 @@ func idReason(err error) string {
 }
 
 // Admit drops forged x-idemq-* headers (see [FromRetryPath]) and
-// dead-letters, before the handler runs, a delivery whose x-delivery-count
-// reached DeliveryLimit.
+// dead-letters, before the handler runs, a delivery held back because its
+// dead letter could not be routed (x-idemq-dead-letter-held) and one whose
+// x-delivery-count reached DeliveryLimit.
 func (p *Policy) Admit(d *idemq.Delivery) (idemq.Decision, bool) {
 	stripForged(d)
+	if reason, ok := strOK(d.Headers[idemq.HeaderDeadLetterHeld]); ok {
+		return p.deadLetterHeld(d, reason), false
+	}
 	if p.cfg.DeliveryLimit > 0 {
 		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(p.cfg.DeliveryLimit) {
 			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, p.cfg.DeliveryLimit)
@@ -334,6 +338,10 @@ func (p *Policy) Decide(d *idemq.Delivery, r idemq.Run) idemq.Decision {
 //	retry, transient              → wait in place PublishRetryAfter, decide again
 //	deferral, any error           → wait in place its After (never dead-lettered)
 //	dead letter too large         → the same with only reason and attempts headers
+//	dead letter unroutable        → held back: republished with x-idemq-dead-letter-held
+//	                                (a retry queue, else the work queue), dead-lettered
+//	                                again when it comes back, before the handler runs
+//	                                (counter retry_dead_letter_held)
 //	dead letter unpublishable     → reject to the broker (counter retry_unpublishable)
 //	dead letter, transient        → wait in place PublishRetryAfter, decide again
 func (p *Policy) PublishFailed(d *idemq.Delivery, dec idemq.Decision, err error) idemq.Decision {
@@ -350,6 +358,11 @@ func (p *Policy) PublishFailed(d *idemq.Delivery, dec idemq.Decision, err error)
 		}
 		return wait
 	case idemq.OutcomeDeferred, idemq.OutcomeUnavailable:
+		if dec.Reason == RequeueDeadLetterHeld && errors.Is(err, idemq.ErrUnroutable) && dec.Message.RoutingKey != d.Queue {
+			// Holding a dead letter in a retry queue that is gone too:
+			// hold it in the work queue itself.
+			return p.holdDeadLetter(d, dec, err, true)
+		}
 		// Not an attempt: whatever the error, the delivery waits in place
 		// and the layer that deferred it decides again when it comes back.
 		var rq *idemq.RequeueError
@@ -371,10 +384,18 @@ func (p *Policy) PublishFailed(d *idemq.Delivery, dec idemq.Decision, err error)
 			dec.Message = &small
 			return dec
 		}
+		if errors.Is(err, idemq.ErrUnroutable) {
+			// The dead-letter queue is missing, or unavailable (a classic
+			// DLQ whose node is down): the broker returns the dead letter.
+			// Rejecting would drop it — the work queue's own dead-letter
+			// route leads to the same queue — so it is held back until
+			// the queue routes again, without running the handler again.
+			return p.holdDeadLetter(d, dec, err, false)
+		}
 		if unpublishable(err) {
-			// The dead-letter queue is gone, or the message cannot be
-			// sent even without idemq's headers: reject it to the broker
-			// (its dead-letter exchange, if any, takes it), never loop.
+			// The message cannot be sent even without idemq's headers:
+			// reject it to the broker (its dead-letter exchange, if any,
+			// takes it), never loop.
 			return idemq.Decision{Action: idemq.ActionReject, Outcome: idemq.OutcomeRejected, Reason: dec.Reason,
 				Attempt: dec.Attempt, Err: fmt.Errorf("%w; dead letter to %q not published: %w", dec.Err, dec.Message.RoutingKey, err),
 				Counters: []string{CountUnpublishable}}
@@ -383,6 +404,81 @@ func (p *Policy) PublishFailed(d *idemq.Delivery, dec idemq.Decision, err error)
 	}
 	return wait
 }
+
+// RequeueDeadLetterHeld is the Reason of the decision to hold back a
+// delivery whose dead letter the broker could not route.
+const RequeueDeadLetterHeld = "dead-letter-held"
+
+// holdDeadLetter decides for a delivery whose dead letter (dec) the broker
+// returned unroutable: the dead letter is republished, marked with
+// x-idemq-dead-letter-held, to the retry queue of the smallest delay of at
+// least PublishRetryAfter (or to the work queue itself when there is none,
+// or when workQueue is set); when it comes back, [Policy.Admit]
+// dead-letters it again. A delivery that is already held waits in place
+// (see requeue: its delivery count is kept below RequeueLimit), so its
+// marker stays. The handler does not run again.
+func (p *Policy) holdDeadLetter(d *idemq.Delivery, dec idemq.Decision, err error, workQueue bool) idemq.Decision {
+	cause := fmt.Errorf("%w; dead letter to %q held back: %w", dec.Err, p.cfg.DeadLetterQueue(d.Queue), err)
+	_, held := d.Headers[idemq.HeaderDeadLetterHeld]
+	if held || idemq.ValidateID(republishID(d)) != nil {
+		// Already held (its marker stays when it waits in place), or it
+		// cannot be republished under its own ID: it waits in place.
+		rq := idemq.RequeueInPlace(p.cfg.PublishRetryAfter, RequeueDeadLetterHeld, cause).(*idemq.RequeueError)
+		out := p.requeue(d, rq, cause)
+		out.Outcome, out.Counters = idemq.OutcomeDeferred, []string{CountDeadLetterHeld}
+		return out
+	}
+	reason := dec.Reason
+	if reason == RequeueDeadLetterHeld { // from a failed hold: the reason is on the message
+		reason, _ = strOK(dec.Message.Headers[idemq.HeaderDeadLetterHeld])
+	}
+	h := amqp.Table{}
+	for k, v := range dec.Message.Headers {
+		h[k] = v
+	}
+	h[idemq.HeaderDeadLetterHeld] = reason
+	h[idemq.HeaderQueue] = d.Queue
+	n, _ := Int(h[idemq.HeaderRequeues])
+	h[idemq.HeaderRequeues] = n + 1 // with x-idemq-queue: the marker of idemq's own path
+	bound(h, p.cfg.ErrorTextLimit)
+	q := d.Queue
+	if !workQueue && len(p.cfg.Delays) > 0 {
+		delay, found := p.cfg.Delays[len(p.cfg.Delays)-1], false
+		for _, dl := range p.cfg.Delays {
+			if dl >= p.cfg.PublishRetryAfter && (!found || dl < delay) {
+				delay, found = dl, true
+			}
+		}
+		q = p.cfg.RetryQueue(d.Queue, delay)
+	}
+	msg := republish(d, "", q, h)
+	return idemq.Decision{Action: idemq.ActionPublish, Outcome: idemq.OutcomeDeferred, Message: &msg, Sender: p.send,
+		Reason: RequeueDeadLetterHeld, Attempt: dec.Attempt, Err: cause, Counters: []string{CountDeadLetterHeld}}
+}
+
+// deadLetterHeld dead-letters a delivery that was held back (see
+// holdDeadLetter) with the reason and the error it was held with.
+func (p *Policy) deadLetterHeld(d *idemq.Delivery, reason string) idemq.Decision {
+	text, _ := strOK(d.Headers[idemq.HeaderError])
+	attempts, _ := Int(d.Headers[idemq.HeaderAttempts])
+	dec := p.deadLetter(d, reason, heldError(text), int(attempts))
+	if dec.Message != nil {
+		h := dec.Message.Headers
+		delete(h, idemq.HeaderDeadLetterHeld)
+		for _, k := range []string{idemq.HeaderErrorClass, idemq.HeaderLastFailure} {
+			if v, ok := strOK(d.Headers[k]); ok { // as the failure left them
+				h[k] = v
+			}
+		}
+	}
+	return dec
+}
+
+// heldError is the error a held dead letter was held with, as its
+// x-idemq-error header says.
+type heldError string
+
+func (e heldError) Error() string { return string(e) }
 
 // RequeuePublishFailed is the Reason of the decision to wait in place
 // after a republish failed for a reason that passes.
@@ -618,10 +714,14 @@ func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Mess
 // idemq.CountDeadLettered, which the consumer counts from the outcome).
 const (
 	// CountUnpublishable: deliveries rejected to the broker (nack without
-	// requeue) because no republish could ever succeed — the dead-letter
-	// queue does not exist, the headers cannot be encoded or do not fit
-	// the frame size.
+	// requeue) because no republish could ever succeed — the headers
+	// cannot be encoded or do not fit the frame size.
 	CountUnpublishable = "retry_unpublishable"
+	// CountDeadLetterHeld: decisions to hold back a delivery whose dead
+	// letter the broker could not route (the dead-letter queue is
+	// missing, or unavailable while its node is down); each hold and each
+	// failed try again adds one.
+	CountDeadLetterHeld = "retry_dead_letter_held"
 	// CountNoDeadLetterQueue: failed deliveries rejected to the broker
 	// because the policy has no dead-letter queue (topology dlq: "-").
 	CountNoDeadLetterQueue = "retry_no_dlq"
