@@ -61,7 +61,8 @@ type BatchConfig struct {
 // same order and cannot deadlock on them.
 type Batcher[T any] struct {
 	ib  *Inbox[T]
-	h   HandlerFunc[T]
+	h   HandlerFunc[T]      // Batch: called per delivery
+	hb  BatchHandlerFunc[T] // BatchFunc: called per batch
 	cfg BatchConfig
 
 	mu  sync.Mutex
@@ -84,15 +85,43 @@ type batch[T any] struct {
 	done  chan struct{}
 }
 
+// BatchHandlerFunc is the business handler of [Inbox.BatchFunc]: it runs
+// inside the batch's transaction tx with the deliveries whose inbox rows
+// that transaction inserted (in (group, message ID) order, never empty),
+// and must do all its database work through tx — a multi-row statement for
+// the whole slice is what makes it cheaper than a [HandlerFunc] per
+// delivery. It must not commit or roll back tx. ctx is the batch's: the
+// first delivery's context without its cancellation.
+//
+// A nil return commits every delivery of the slice. An error or a panic
+// rolls the transaction back and the batch runs again with a savepoint per
+// delivery, calling the handler once per delivery with a one-element slice
+// (and that delivery's own context), so that the error lands on the
+// delivery that caused it and the others still commit. It may therefore be
+// called several times for one delivery, the earlier calls' work rolled
+// back.
+type BatchHandlerFunc[T any] func(ctx context.Context, tx T, ds []*idemq.Delivery) error
+
 // Batch returns a batch inbox running h for each delivery.
 func (ib *Inbox[T]) Batch(h HandlerFunc[T], cfg BatchConfig) *Batcher[T] {
+	return &Batcher[T]{ib: ib, h: h, cfg: cfg.withDefaults()}
+}
+
+// BatchFunc returns a batch inbox running h once per batch with all its
+// fresh deliveries (see [BatchHandlerFunc]); batching, duplicates and
+// results are as with [Inbox.Batch].
+func (ib *Inbox[T]) BatchFunc(h BatchHandlerFunc[T], cfg BatchConfig) *Batcher[T] {
+	return &Batcher[T]{ib: ib, hb: h, cfg: cfg.withDefaults()}
+}
+
+func (cfg BatchConfig) withDefaults() BatchConfig {
 	if cfg.Size <= 0 {
 		cfg.Size = 50
 	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = 20 * time.Millisecond
 	}
-	return &Batcher[T]{ib: ib, h: h, cfg: cfg}
+	return cfg
 }
 
 var _ idemq.Handler = (*Batcher[any])(nil)
@@ -245,12 +274,26 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 	if err := b.insertRows(ctx, tx, first); err != nil {
 		return rollback(err)
 	}
-	for _, it := range first {
-		if it.dup {
-			continue
+	if b.hb != nil {
+		fresh := make([]*idemq.Delivery, 0, len(first))
+		for _, it := range first {
+			if !it.dup {
+				fresh = append(fresh, it.d)
+			}
 		}
-		if err := b.call(it, native); err != nil {
-			return rollback(fmt.Errorf("handler of message %q: %w", it.id, err))
+		if len(fresh) > 0 {
+			if err := b.callBatch(ctx, native, fresh); err != nil {
+				return rollback(fmt.Errorf("batch handler of %d messages: %w", len(fresh), err))
+			}
+		}
+	} else {
+		for _, it := range first {
+			if it.dup {
+				continue
+			}
+			if err := b.call(it, native); err != nil {
+				return rollback(fmt.Errorf("handler of message %q: %w", it.id, err))
+			}
 		}
 	}
 	for i, it := range items {
@@ -267,25 +310,40 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 }
 
 // insertRows inserts the inbox rows of items (distinct keys, sorted) in tx
-// with multi-row INSERTs, one group and at most insertChunk rows each, and
+// with one INSERT per group (PostgreSQL: the IDs as one array parameter) or
+// multi-row INSERTs of one group and at most insertChunk rows each, and
 // marks dup the items whose row was already there. Without INSERT ...
 // RETURNING it returns errSomeExist unless every row was inserted.
 func (b *Batcher[T]) insertRows(ctx context.Context, tx sqldb.Tx, items []*batchItem) error {
 	returning := b.ib.st.returning != ""
+	array := b.ib.st.insertArray != ""
 	now := b.ib.d.Time(b.ib.cfg.Now())
-	args := make([]any, 0, 3*min(len(items), insertChunk))
+	var args []any
+	var idList []string
+	if !array {
+		args = make([]any, 0, 3*min(len(items), insertChunk))
+	}
 	for len(items) > 0 {
 		n := 1
-		for n < len(items) && n < insertChunk && items[n].group == items[0].group {
+		for n < len(items) && (array || n < insertChunk) && items[n].group == items[0].group {
 			n++
 		}
 		chunk := items[:n]
 		items = items[n:]
-		args = args[:0]
-		for _, it := range chunk {
-			args = append(args, it.group, it.id, now)
+		var q string
+		if array {
+			idList = idList[:0]
+			for _, it := range chunk {
+				idList = append(idList, it.id)
+			}
+			q, args = b.ib.st.insertArray, []any{chunk[0].group, idList, now}
+		} else {
+			args = args[:0]
+			for _, it := range chunk {
+				args = append(args, it.group, it.id, now)
+			}
+			q = b.insertSQL(n, returning)
 		}
-		q := b.insertSQL(n, returning)
 		if !returning {
 			got, err := tx.Exec(ctx, q, args...)
 			if err != nil {
@@ -387,13 +445,27 @@ func (b *Batcher[T]) runSavepoints(ctx context.Context, items []*batchItem) {
 	result = ResultCommitted
 }
 
-// call runs the handler for one delivery, turning a panic into that
-// delivery's error so it does not take the rest of the batch down.
+// call runs the handler for one delivery (a batch handler with a
+// one-element slice), turning a panic into that delivery's error so it
+// does not take the rest of the batch down.
 func (b *Batcher[T]) call(it *batchItem, tx T) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = &idemq.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
+	if b.hb != nil {
+		return b.hb(it.ctx, tx, []*idemq.Delivery{it.d})
+	}
 	return b.h(it.ctx, tx, it.d)
+}
+
+// callBatch runs the batch handler for ds, turning a panic into an error.
+func (b *Batcher[T]) callBatch(ctx context.Context, tx T, ds []*idemq.Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &idemq.PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return b.hb(ctx, tx, ds)
 }

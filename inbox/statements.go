@@ -51,6 +51,15 @@ type statements struct {
 	// and SQLite; MySQL has no INSERT ... RETURNING).
 	insertHead, insertTail, returning string
 
+	// insertArray, when not empty, is the batch inbox's insert of one
+	// group's rows as one statement whatever their number (PostgreSQL):
+	// $1 the group, $2 the message IDs as a text[], $3 received_at; it
+	// returns the message_id of each row it inserted. One statement text
+	// for every batch size, so the driver prepares it once per connection
+	// (a VALUES list per row count would be prepared again for each new
+	// count: an extra round trip and a plan of up to 1500 parameters).
+	insertArray string
+
 	// dupIsError: insert and the multi-row insert fail on an existing row
 	// (MySQL) instead of skipping it; the dialect's DuplicateKey tells that
 	// failure from any other.
@@ -82,6 +91,9 @@ func compile(d *sqldb.Dialect, table string) (statements, error) {
 	s.insert = d.Rebind(s.insertHead + "(?, ?, ?)" + s.insertTail)
 	switch d.Name {
 	case sqldb.Postgres:
+		// unnest returns the IDs in array order: rows are inserted (and
+		// their locks taken) in the batch's sorted order.
+		s.insertArray = "INSERT INTO " + qt + " (group_name, message_id, received_at) SELECT $1::text, m, $3::timestamptz FROM unnest($2::text[]) AS u(m) ON CONFLICT DO NOTHING RETURNING message_id"
 		s.purge = "DELETE FROM " + qt + " WHERE (group_name, message_id) IN (SELECT group_name, message_id FROM " + qt + " WHERE received_at < $1 LIMIT $2)"
 	case sqldb.MySQL:
 		s.purge = "DELETE FROM " + qt + " WHERE received_at < ? ORDER BY received_at LIMIT ?"
