@@ -57,6 +57,7 @@ func Run[T any](t *testing.T, h sqldbtest.Backend[T], f Features) {
 		{"BatchCommitFails", testBatchCommitFails[T]},
 		{"BatchOutcomes", testBatchOutcomes[T]},
 		{"BatchConcurrent", testBatchConcurrent[T]},
+		{"BatchFunc", testBatchFunc[T]},
 	})
 }
 
@@ -652,6 +653,88 @@ func testBatch[T any](t *testing.T, h sqldbtest.Backend[T]) {
 		}
 	}
 	e.wantBalances(Amount, "b-x", "b-y")
+}
+
+// testBatchFunc: a batch handler runs once with every fresh delivery of the
+// batch (not the duplicates: a row committed earlier, a second copy); when
+// it fails for one delivery the batch runs again with a savepoint per
+// delivery, the handler called with each delivery alone, so only that one
+// fails and the others commit.
+func testBatchFunc[T any](t *testing.T, h sqldbtest.Backend[T]) {
+	e := setup(t, h)
+	good := ids("bf", 4)
+	e.accounts(append(good, "poison-bf")...)
+	ib := newInbox(t, e.db.DB, inbox.Config{})
+	var mu sync.Mutex
+	var calls [][]string
+	hf := func(ctx context.Context, tx T, ds []*idemq.Delivery) error {
+		var got []string
+		for _, d := range ds {
+			got = append(got, d.MessageID)
+		}
+		mu.Lock()
+		calls = append(calls, got)
+		mu.Unlock()
+		for _, d := range ds {
+			if err := effect(e.db)(ctx, tx, d); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx := ctxT(t)
+	// Fresh IDs and a second copy of one: one call, each ID once.
+	b := ib.BatchFunc(hf, inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
+	ds := []*idemq.Delivery{delivery(good[2]), delivery(good[1]), delivery(good[2])}
+	for i, err := range handleAll(ctx, b, ds...) {
+		if err != nil {
+			t.Fatalf("%s: %v", ds[i].MessageID, err)
+		}
+	}
+	if want := good[1] + "," + good[2]; len(calls) != 1 || strings.Join(calls[0], ",") != want {
+		t.Fatalf("batch handler calls %q, want one call with %s", calls, want)
+	}
+	// An ID committed earlier is a duplicate the handler never sees (on
+	// MySQL, which cannot tell which rows of the multi-row INSERT exist,
+	// the batch runs with a savepoint per delivery).
+	calls = nil
+	b = ib.BatchFunc(hf, inbox.BatchConfig{Size: 2, MaxWait: time.Minute})
+	for _, err := range handleAll(ctx, b, delivery(good[1]), delivery(good[3])) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(calls) == 0 {
+		t.Fatal("batch handler not called")
+	}
+	for _, c := range calls {
+		if strings.Join(c, ",") != good[3] {
+			t.Fatalf("batch handler calls %q, want only %s (%s is a duplicate)", calls, good[3], good[1])
+		}
+	}
+	e.wantBalances(Amount, good[1:]...)
+	e.wantBalances(0, good[0])
+
+	// A failure in the batch: the handler runs again per delivery.
+	calls = nil
+	e.accounts("bf-x", "bf-y")
+	b = ib.BatchFunc(hf, inbox.BatchConfig{Size: 3, MaxWait: time.Minute})
+	ds = []*idemq.Delivery{delivery("bf-x"), delivery("poison-bf"), delivery("bf-y")}
+	errs := handleAll(ctx, b, ds...)
+	for i, d := range ds {
+		if d.MessageID == "poison-bf" {
+			if !idemq.IsPermanent(errs[i]) {
+				t.Errorf("poison: %v, want its own permanent error", errs[i])
+			}
+		} else if errs[i] != nil {
+			t.Errorf("%s: %v", d.MessageID, errs[i])
+		}
+	}
+	if len(calls) != 4 || len(calls[0]) != 3 || len(calls[1]) != 1 || len(calls[2]) != 1 || len(calls[3]) != 1 {
+		t.Fatalf("batch handler calls %q, want the whole batch then each delivery alone", calls)
+	}
+	e.wantBalances(Amount, "bf-x", "bf-y")
+	e.wantBalances(0, "poison-bf")
 }
 
 // wrapped is the base of the suite's fault-injecting databases: it embeds
