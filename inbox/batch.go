@@ -42,8 +42,9 @@ type BatchConfig struct {
 // first copy's handler failed.
 //
 // A batch first takes a fast path: it inserts all its inbox rows with a
-// few multi-row INSERTs and runs the handler of each fresh row directly in
-// the transaction. If a handler fails or panics (or a statement fails — a
+// few multi-row INSERTs (PostgreSQL: one per group, the IDs as one array)
+// and runs the handler of each fresh row (with [Inbox.BatchFunc]: the
+// batch handler once, with all of them) directly in the transaction. If a handler fails or panics (or a statement fails — a
 // deadlock, say — or, on MySQL, some rows already existed), that
 // transaction is rolled back and the whole batch runs again in a new one
 // with a savepoint per delivery (insert, handler, release), whose

@@ -10,8 +10,11 @@
 // ack. A handler error rolls back and goes to the failure policy; so does
 // a row the database refuses for any other reason (never read as a
 // duplicate). [Inbox.Batch] runs many deliveries
-// in one transaction: their inbox rows in multi-row INSERTs and their
+// in one transaction: their inbox rows in one INSERT (on PostgreSQL one
+// statement whatever the batch size, the IDs as one array) and their
 // handlers in turn, or, when a handler fails, again with a savepoint each.
+// [Inbox.BatchFunc] does the same with a handler called once per batch
+// with all its fresh deliveries, so their effects can be one statement.
 //
 // The inbox is a statement set over idemq's SQL layer (package sqldb) and
 // imports no driver: hand it a database through a dialect package —

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -137,6 +138,39 @@ func ExampleInbox_Batch() {
 		_, err := tx.Exec(ctx, `UPDATE `+env.accounts+` SET balance = balance + $1 WHERE id = 'a-1'`, string(d.Body))
 		return err // an error rolls the batch back; it runs again with a savepoint per delivery
 	}, inbox.BatchConfig{Size: 50, Concurrency: 4}) // Concurrency: the consumer's Workers (default 4)
+
+	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
+	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
+	fmt.Println("balance:", env.balance(ctx))
+	// Output:
+	// processed: 3 duplicates: 1
+	// balance: 30
+}
+
+func ExampleInbox_BatchFunc() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
+	env := newExampleEnv(ctx)
+	defer env.close()
+
+	ib, err := inbox.New(ctx, postgres.Pgx(env.pool), inbox.Config{Table: env.ibox})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Called once per batch with its fresh deliveries (duplicates left
+	// out): one statement applies them all.
+	batch := ib.BatchFunc(func(ctx context.Context, tx pgx.Tx, ds []*idemq.Delivery) error {
+		var sum int64
+		for _, d := range ds {
+			v, err := strconv.ParseInt(string(d.Body), 10, 64)
+			if err != nil {
+				return idemq.Permanent(err) // the batch runs again per delivery: only this one fails
+			}
+			sum += v
+		}
+		_, err := tx.Exec(ctx, `UPDATE `+env.accounts+` SET balance = balance + $1 WHERE id = 'a-1'`, sum)
+		return err
+	}, inbox.BatchConfig{Size: 50, Concurrency: 4})
 
 	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
 	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
