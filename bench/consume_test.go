@@ -160,9 +160,6 @@ type consumerOpts struct {
 	// Metrics, when set, gets the consumer's outcomes and durations
 	// (metrics.Consumer, teed with the in-memory counters).
 	Metrics *metrics.Metrics
-	// AckBatch and AckFlushInterval are the consumer's (0: its defaults).
-	AckBatch         int
-	AckFlushInterval time.Duration
 	// Timeout bounds the run (0: 10 minutes); the case fails past it.
 	Timeout time.Duration
 	// OnFinal, when set, is called with the number of deliveries that
@@ -210,7 +207,6 @@ func idemqConsume(b testing.TB, r *run, o consumerOpts, h idemq.Handler, mws ...
 	}
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{
 		Queue: r.Queue, Prefetch: o.Prefetch, Workers: o.Workers, Recorder: recorder,
-		AckBatch: o.AckBatch, AckFlushInterval: o.AckFlushInterval,
 		Pipeline: idemq.Pipeline{Middleware: append([]idemq.Middleware{outer}, mws...), Guard: o.Guard, Handler: timed(h)},
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
