@@ -62,10 +62,12 @@ type ConsumerConfig struct {
 	Pipeline Pipeline
 	// Prefetch is the channel QoS (unacked deliveries in flight). Default 200.
 	Prefetch int
-	// Workers is the number of handler goroutines. Default 4, or what
-	// Pipeline.Guard suggests when it implements [WorkerHint] (the dedup
-	// guard on a store that groups calls, the Redis store: enough workers
-	// for its round trips to be shared: 64 with the guard's defaults).
+	// Workers is the number of handler goroutines. Default 4, or the most
+	// that Pipeline.Guard or Pipeline.Handler suggests when it implements
+	// [WorkerHint] (the dedup guard on a store that groups calls, the
+	// Redis store: enough workers for its round trips to be shared: 64
+	// with the guard's defaults; the batch inbox, inbox.Batcher: two
+	// batches' worth, 100 with its defaults).
 	Workers int
 	// AckBatch is the number of acks coalesced into one multiple-ack.
 	// Default 50; 1 acks each delivery on its own.
@@ -186,8 +188,10 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 	}
 	if c.Workers <= 0 {
 		c.Workers = 4
-		if h, ok := c.Pipeline.Guard.(WorkerHint); ok {
-			c.Workers = max(c.Workers, min(h.SuggestWorkers(c.Prefetch), c.Prefetch))
+		for _, l := range []any{c.Pipeline.Guard, c.Pipeline.Handler} {
+			if h, ok := l.(WorkerHint); ok {
+				c.Workers = max(c.Workers, min(h.SuggestWorkers(c.Prefetch), c.Prefetch))
+			}
 		}
 	}
 	if c.AckBatch <= 0 {

@@ -43,9 +43,10 @@ type Layer interface {
 // deliveries than the consumer's default to keep up: the dedup guard on a
 // store that shares one round trip among concurrent calls (the Redis
 // store) is as fast as the number of deliveries in flight lets its batches
-// be. When [ConsumerConfig.Workers] is unset, the consumer asks
-// Pipeline.Guard for it (never more than the prefetch window, never less
-// than the default 4).
+// be; the batch inbox's batches are as large as the deliveries handed to
+// it at once. When [ConsumerConfig.Workers] is unset, the consumer asks
+// Pipeline.Guard and Pipeline.Handler and takes the larger suggestion
+// (never more than the prefetch window, never less than the default 4).
 type WorkerHint interface {
 	// SuggestWorkers returns the handler concurrency the layer wants with
 	// prefetch deliveries unacked at most; 0: no opinion.

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq"
@@ -23,7 +24,10 @@ type BatchConfig struct {
 	// Concurrency is the number of workers that can call Handle at once
 	// (the consumer's ConsumerConfig.Workers). When that many deliveries
 	// are waiting no more can arrive, so the batch runs at once instead of
-	// waiting MaxWait. Default 0: unknown, wait for Size or MaxWait.
+	// waiting MaxWait. Default 0: what the Batcher suggested to a consumer
+	// whose Workers is unset ([Batcher.SuggestWorkers]: 2×Size, at most
+	// the prefetch window) when the Batcher is that consumer's
+	// Pipeline.Handler; otherwise unknown: wait for Size or MaxWait.
 	Concurrency int
 }
 
@@ -55,7 +59,9 @@ type BatchConfig struct {
 // A batch can only grow as large as the number of deliveries handed to it
 // at once: run the consumer with Workers >= Size (and Prefetch >= Workers),
 // and set Concurrency to Workers so a batch that has every worker runs at
-// once. With fewer workers each batch waits MaxWait before it runs.
+// once. With fewer workers each batch waits MaxWait before it runs. Leaving
+// the consumer's Workers and Concurrency unset, with the Batcher as the
+// consumer's Pipeline.Handler, does this by itself ([Batcher.SuggestWorkers]).
 //
 // Deliveries in a batch are processed in (group, message ID) order, not in
 // arrival order: concurrent batches then take their inbox-row locks in the
@@ -68,6 +74,10 @@ type Batcher[T any] struct {
 
 	mu  sync.Mutex
 	cur *batch[T]
+
+	// suggested is the Concurrency taken from SuggestWorkers when
+	// cfg.Concurrency is 0.
+	suggested atomic.Int64
 
 	sql sync.Map // int (rows<<1 | returning) → the fast path's multi-row INSERT
 }
@@ -125,7 +135,30 @@ func (cfg BatchConfig) withDefaults() BatchConfig {
 	return cfg
 }
 
-var _ idemq.Handler = (*Batcher[any])(nil)
+var (
+	_ idemq.Handler    = (*Batcher[any])(nil)
+	_ idemq.WorkerHint = (*Batcher[any])(nil)
+)
+
+// SuggestWorkers implements [idemq.WorkerHint]: a batch is only as large
+// as the deliveries handed to it at once, so a consumer whose Workers is
+// unset runs 2×Size workers (one batch filling while another commits),
+// capped at its prefetch window. With Concurrency unset the Batcher then
+// takes that number as its Concurrency: a batch holding every worker runs
+// at once instead of waiting MaxWait. The consumer asks only when the
+// Batcher is its Pipeline.Handler itself (not wrapped).
+func (b *Batcher[T]) SuggestWorkers(prefetch int) int {
+	w := 2 * b.cfg.Size
+	if prefetch > 0 {
+		w = min(w, prefetch)
+	}
+	if b.cfg.Concurrency <= 0 {
+		// Shared by several consumers, the first one's: batches then run
+		// earlier than they could, never later.
+		b.suggested.CompareAndSwap(0, int64(w))
+	}
+	return w
+}
 
 // Handle adds d to the current batch and blocks until that batch is done.
 func (b *Batcher[T]) Handle(ctx context.Context, d *idemq.Delivery) error {
@@ -135,8 +168,12 @@ func (b *Batcher[T]) Handle(ctx context.Context, d *idemq.Delivery) error {
 	}
 	it := &batchItem{ctx: ctx, d: d, group: group, id: id}
 	limit := b.cfg.Size
-	if b.cfg.Concurrency > 0 && b.cfg.Concurrency < limit {
-		limit = b.cfg.Concurrency
+	conc := b.cfg.Concurrency
+	if conc <= 0 {
+		conc = int(b.suggested.Load())
+	}
+	if conc > 0 && conc < limit {
+		limit = conc
 	}
 	b.mu.Lock()
 	leader := b.cur == nil

@@ -653,6 +653,44 @@ func testBatch[T any](t *testing.T, h sqldbtest.Backend[T]) {
 		}
 	}
 	e.wantBalances(Amount, "b-x", "b-y")
+
+	// Concurrency unset, the Batcher the consumer's handler: the consumer
+	// takes the Batcher's suggestion for its Workers (two batches' worth,
+	// at most its prefetch window), and the Batcher takes it as its
+	// Concurrency.
+	for _, tc := range []struct{ size, prefetch, workers, want int }{
+		{0, 0, 0, 100}, // the defaults: Size 50, Prefetch 200
+		{50, 60, 0, 60},
+		{1, 0, 0, 4},  // never below the consumer's default
+		{50, 0, 7, 7}, // Workers set wins
+	} {
+		c, err := idemq.NewConsumer(idemq.ConsumerConfig{Queue: "q", Prefetch: tc.prefetch, Workers: tc.workers,
+			Pipeline: idemq.Pipeline{Handler: ib.Batch(hf, inbox.BatchConfig{Size: tc.size})}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Config().Workers; got != tc.want {
+			t.Errorf("Size %d, Prefetch %d, Workers %d: the consumer runs %d workers, want %d", tc.size, tc.prefetch, tc.workers, got, tc.want)
+		}
+	}
+	b4 := ib.Batch(hf, inbox.BatchConfig{Size: 100, MaxWait: time.Hour})
+	if got := b4.SuggestWorkers(3); got != 3 {
+		t.Fatalf("SuggestWorkers(3) = %d, want 3 (the prefetch window)", got)
+	}
+	e.accounts("b-s1", "b-s2", "b-s3")
+	done := make(chan []error, 1)
+	go func() { done <- handleAll(ctx, b4, delivery("b-s1"), delivery("b-s2"), delivery("b-s3")) }()
+	select {
+	case errs := <-done:
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	case <-time.After(wait):
+		t.Fatalf("a batch holding all 3 suggested workers still waiting after %v (MaxWait is an hour)", wait)
+	}
+	e.wantBalances(Amount, "b-s1", "b-s2", "b-s3")
 }
 
 // testBatchFunc: a batch handler runs once with every fresh delivery of the
