@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +21,10 @@ import (
 	"github.com/idemq/idemq/topology"
 )
 
-// TestFaultClusterDLQNodeLoss kills (kill -9) the node of a dead-letter
-// queue while messages fail for good, on a private 3-node cluster.
+// TestFaultClusterNodeLoss is make test's node-loss run on one private
+// 3-node cluster: the two cases of TestClusterRetryNodeLoss (a node lost
+// while deliveries wait in retry queues, 300 messages each), then a
+// dead-letter queue's node killed (kill -9) while messages fail for good.
 //
 // "classic DLQ held": a classic DLQ lives on one node. While it is down the
 // broker returns dead letters to it NO_ROUTE; the retry policy used to
@@ -34,8 +37,9 @@ import (
 // its Setup declares the topology again (a classic DLQ whose node is down
 // made that fail on every node, so no consumer could reconnect), and dead
 // letters reach the DLQ while the node is still down.
-func TestFaultClusterDLQNodeLoss(t *testing.T) {
+func TestFaultClusterNodeLoss(t *testing.T) {
 	cl := testenv.StartCluster(t, testenv.ClusterConfig{Rabbit: true})
+	clusterRetryCases(t, cl, 300, 1)
 	t.Run("classic DLQ held", func(t *testing.T) { runClusterDLQLoss(t, cl, true) })
 	t.Run("quorum DLQ, consumer on the lost node", func(t *testing.T) { runClusterDLQLoss(t, cl, false) })
 }
@@ -45,10 +49,20 @@ func runClusterDLQLoss(t *testing.T, cl *testenv.Cluster, classic bool) {
 	urls := cl.AMQPURLs
 	q := topology.Queue{Name: testenv.Name(t, "dlqloss"), Type: topology.Quorum,
 		RetryDelays: []time.Duration{500 * time.Millisecond}}
-	consumerURLs := []string{urls[2], urls[0], urls[1]} // on the node to lose first
+	// The consumer is on the node to lose until it is lost (the consumer
+	// tries its URLs in a random order: the others refuse until then), or,
+	// with a classic DLQ, never on it (it keeps consuming).
+	var lost atomic.Bool
+	dial := func(u string, cfg amqp.Config) (*amqp.Connection, error) {
+		if !classic && u != urls[node-1] && !lost.Load() {
+			return nil, fmt.Errorf("test: %s refused until node %d is lost", u, node)
+		}
+		return amqp.DialConfig(u, cfg)
+	}
+	consumerURLs := urls
 	if classic {
 		q.DLQType = topology.Classic
-		consumerURLs = urls[:2] // never on the lost node: it keeps consuming
+		consumerURLs = urls[:2]
 	}
 	top := topology.Topology{Queues: []topology.Queue{q}}
 	plan := topology.ForQueue(q)
@@ -81,7 +95,7 @@ func runClusterDLQLoss(t *testing.T, cl *testenv.Cluster, classic bool) {
 		return nil
 	})
 	var rec idemq.Counters
-	_, stop := runConsumer(t, idemq.ConsumerConfig{URLs: consumerURLs, Queue: q.Name, Setup: topology.SetupFunc(top),
+	_, stop := runConsumer(t, idemq.ConsumerConfig{URLs: consumerURLs, Dial: dial, Queue: q.Name, Setup: topology.SetupFunc(top),
 		Workers: 4, Prefetch: 50, Recorder: &rec, Reconnect: fast, Heartbeat: 2 * time.Second,
 		Pipeline: idemq.Pipeline{Policy: policy}}, h)
 	defer stop()
@@ -116,6 +130,7 @@ func runClusterDLQLoss(t *testing.T, cl *testenv.Cluster, classic bool) {
 	testenv.Eventually(t, 2*time.Minute, "the first round applied and dead-lettered", func() bool {
 		return allApplied() && dlqDepth() == len(bad)
 	})
+	lost.Store(true)
 	cl.Run("kill", fmt.Sprint(node))
 	publish(1, 20)
 	if classic {
