@@ -123,7 +123,7 @@ chaos-retries: services ## the retry policy's fault test, longer: RETRY_MESSAGES
 	$(ENV) && IDEMQ_FAULT_RETRY_MESSAGES=$(RETRY_MESSAGES) IDEMQ_FAULT_RETRY_RESTARTS=$(RETRY_RESTARTS) IDEMQ_FAULT_RETRY_WORK_TYPES=all \
 		$(GO) test -race -count=1 -timeout 30m -tags faults -v -run '^TestFaultDelayedRetriesThroughBrokerRestarts$$' ./retry
 
-cluster-chaos-retries: services ## TestClusterRetryNodeLoss (not in make test: 2-9 min; its losses on 3.10.8 were false publish confirms in idemq's publisher, fixed, docs/RABBITMQ_VERSIONS.md): CLUSTER_RETRY_MESSAGES messages per case, CLUSTER_RETRY_KILLS node losses per case while deliveries wait in quorum retry queues (private 3-node cluster)
+cluster-chaos-retries: services ## TestClusterRetryNodeLoss at larger sizes (make test runs its defaults in TestFaultClusterNodeLoss; its losses on 3.10.8 were false publish confirms in idemq's publisher, fixed, docs/RABBITMQ_VERSIONS.md): CLUSTER_RETRY_MESSAGES messages per case, CLUSTER_RETRY_KILLS node losses per case while deliveries wait in quorum retry queues (private 3-node cluster)
 	$(ENV) && IDEMQ_FAULT_CLUSTER_RETRY_MESSAGES=$(CLUSTER_RETRY_MESSAGES) IDEMQ_FAULT_CLUSTER_RETRY_KILLS=$(CLUSTER_RETRY_KILLS) \
 		$(GO) test -race -count=1 -timeout 60m -tags faults -v -run '^TestClusterRetryNodeLoss$$' .
 

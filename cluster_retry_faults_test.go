@@ -60,8 +60,8 @@ func envPositive(t *testing.T, name string, def int) int {
 // it is brought back while they wait. Every message must be applied
 // exactly once, none dead-lettered, and every queue must drain.
 //
-// Not named TestFault…, so make test's fault phase does not run it: it
-// takes 2–9 min here; make cluster-chaos-retries runs it. On RabbitMQ
+// make cluster-chaos-retries runs it with larger sizes; make test runs its
+// two cases at the default sizes inside TestFaultClusterNodeLoss. On RabbitMQ
 // 3.10.8 it lost retries (1 and 15 of 300 in 2 of 6 runs) that the
 // publisher reported confirmed while the retry queue had no leader:
 // amqp091-go's NotifyPublish turned a nack into an ack (fixed in the
@@ -75,6 +75,13 @@ func TestClusterRetryNodeLoss(t *testing.T) {
 	messages := envPositive(t, envClusterRetryMessages, 300)
 	kills := envPositive(t, envClusterRetryKills, 1)
 	cl := testenv.StartCluster(t, testenv.ClusterConfig{Rabbit: true})
+	clusterRetryCases(t, cl, messages, kills)
+}
+
+// clusterRetryCases runs the two cases of TestClusterRetryNodeLoss on cl
+// (IDEMQ_FAULT_CLUSTER_RETRY_CASES picks one); each brings back the node
+// it killed.
+func clusterRetryCases(t *testing.T, cl *testenv.Cluster, messages, kills int) {
 	dsn := testenv.PostgresDB(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -122,17 +129,10 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 	all := append([]string{q.Name}, retries...)
 
 	// Quorum queues get their leader on the node the declare came
-	// through: the retry queues on node 2, the work queue on node 1, so
-	// the two cases kill different roles. The DLQ is a classic queue on
-	// node 3, declared once here and not in the consumer's Setup: while a
-	// classic queue's home node is down, declaring it fails on every node
-	// (NOT_FOUND, "home node ... is down or inaccessible"), and with it
-	// topology.SetupFunc, so no consumer could (re)connect during that
-	// node's loss (docs/RABBITMQ_VERSIONS.md).
-	withClusterChannel(t, cl.AMQPURLs[2], func(ch *amqp.Channel) error {
-		_, err := ch.QueueDeclare(plan.DLQ, true, false, false, false, plan.DLQArgs)
-		return err
-	})
+	// through: the retry queues on node 2, the work queue and the DLQ (a
+	// quorum queue: its node's loss leaves it available, so the
+	// consumer's Setup declares it, TestFaultClusterNodeLoss) on node
+	// 1, so the two cases kill different roles.
 	withClusterChannel(t, cl.AMQPURLs[1], func(ch *amqp.Channel) error {
 		for _, r := range plan.Retries {
 			if _, err := ch.QueueDeclare(r.Name, true, false, false, false, r.Args); err != nil {
@@ -189,18 +189,8 @@ func runClusterRetryLoss(t *testing.T, cl *testenv.Cluster, pool *pgxpool.Pool, 
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, q.Name+"/"+d.MessageID)
 		return err
 	})
-	// The work and retry queues, as topology declares them, without the DLQ.
-	setup := func(_ context.Context, ch *amqp.Channel) error {
-		for _, r := range plan.Retries {
-			if _, err := ch.QueueDeclare(r.Name, true, false, false, false, r.Args); err != nil {
-				return err
-			}
-		}
-		_, err := ch.QueueDeclare(q.Name, true, false, false, false, plan.Args)
-		return err
-	}
 	cons, err := idemq.NewConsumer(idemq.ConsumerConfig{
-		URLs: cl.AMQPURLs, Queue: q.Name, Setup: setup, Logger: quietLogger(),
+		URLs: cl.AMQPURLs, Queue: q.Name, Setup: topology.SetupFunc(top), Logger: quietLogger(),
 		Workers: 8, Prefetch: 100, Reconnect: fast, Heartbeat: 2 * time.Second,
 		Pipeline: idemq.Pipeline{Policy: policy, Handler: h},
 	})

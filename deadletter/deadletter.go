@@ -226,6 +226,17 @@ func (c *Conn) peek(ctx context.Context, queue string, visit func(pos int, d *am
 	if err != nil {
 		return 0, err
 	}
+	var last uint64
+	defer func() {
+		// Give back the ones not acked now, in order, with one nack: left to the
+		// connection's close, a quorum queue returns them after the
+		// close (a command right after can miss them) and may reorder
+		// them. Each one counts as a delivery on a quorum queue (see
+		// topology.DLQDeliveryLimit).
+		if last != 0 {
+			_ = c.ch.Nack(0, true, true) // tag 0, multiple: every one not acked
+		}
+	}()
 	for pos := 1; pos <= total; pos++ {
 		if err := ctx.Err(); err != nil {
 			return total, err
@@ -237,6 +248,7 @@ func (c *Conn) peek(ctx context.Context, queue string, visit func(pos int, d *am
 		if !ok {
 			break
 		}
+		last = d.DeliveryTag
 		more, err := visit(pos, &d)
 		if err != nil {
 			return total, err

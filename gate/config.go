@@ -61,6 +61,14 @@ type Config struct {
 	// URL of the broker, for the ingress consumer, the forwarder and the
 	// dead letters. Default: IDEMQ_AMQP_URL, else [idemq.DefaultURL].
 	URL string
+	// ManagementURL is the RabbitMQ management API URL
+	// (http://user:password@host:15672). When set, the ingress consumer
+	// reads the delivery limit the broker applies to the ingress queue (a
+	// policy's included) at each connect, and the gate's failure policy
+	// keeps its in-place requeues (a target unavailable) below it; see
+	// idemq.ConsumerConfig.ManagementURL. Default none: the declared limit,
+	// or RabbitMQ 4's 20.
+	ManagementURL string
 	// Ingress is the queue the gate consumes. Required. Declare it (and
 	// its dead-letter queue, "<ingress>.dlq") with `idemq topology apply`,
 	// no_retry: true (see [IngressTopology]).

@@ -137,12 +137,13 @@ func New(cfg Config) (*Gate, error) {
 	}
 	g.keep = &keepOriginal{FailurePolicy: policy}
 	g.consumer, err = idemq.NewConsumer(idemq.ConsumerConfig{
-		URL:      cfg.URL,
-		Queue:    cfg.Ingress,
-		Group:    cfg.Group,
-		ID:       cfg.ID,
-		Prefetch: cfg.Prefetch,
-		Workers:  cfg.Workers,
+		URL:           cfg.URL,
+		ManagementURL: cfg.ManagementURL,
+		Queue:         cfg.Ingress,
+		Group:         cfg.Group,
+		ID:            cfg.ID,
+		Prefetch:      cfg.Prefetch,
+		Workers:       cfg.Workers,
 		// The original headers are kept before the failure policy sees
 		// the delivery (it drops inbound x-idemq-* headers it did not
 		// write; the gate forwards every header as it came).

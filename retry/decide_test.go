@@ -320,6 +320,34 @@ func TestAdmit(t *testing.T) {
 			t.Fatalf("not admitted: %v", dec)
 		}
 	})
+	// The broker's own limit (a policy's, read from the management API)
+	// is below the declared 10: the check acts one delivery before the
+	// broker would drop the message without idemq's headers.
+	for _, tt := range []struct {
+		name       string
+		cfgLimit   int
+		queueLimit int
+		count      int64
+		admitted   bool
+	}{
+		{"broker limit lower, reached", 10, 4, 4, false},
+		{"broker limit lower, below", 10, 4, 3, true},
+		{"broker limit higher: the declared one counts", 10, 30, 10, false},
+		{"no declared limit, broker's reached", 0, 4, 4, false},
+		{"no limit at all", 0, 0, 100, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(&scripted{})
+			cfg.DeliveryLimit = tt.cfgLimit
+			p := mustNew(t, cfg)
+			d := &idemq.Delivery{MessageID: "m", Queue: "q", RoutingKey: "q", QueueDeliveryLimit: tt.queueLimit,
+				Headers: amqp.Table{idemq.HeaderDeliveryCount: tt.count}}
+			dec, ok := p.Admit(d)
+			if ok != tt.admitted || !ok && dec.Reason != idemq.ReasonDeliveryLimit {
+				t.Fatalf("admitted %v (%v), want %v", ok, dec, tt.admitted)
+			}
+		})
+	}
 	t.Run("forged headers dropped, trusted kept", func(t *testing.T) {
 		forged := &idemq.Delivery{MessageID: "m", Queue: "q", Exchange: "orders", RoutingKey: "new",
 			Headers: amqp.Table{idemq.HeaderAttempt: int64(3), idemq.HeaderQueue: "q", idemq.HeaderOriginalExchange: "evil", "own": 1}}

@@ -32,9 +32,10 @@
 //	otherwise                     → the retry queue of this attempt, with
 //	                                x-idemq-attempt = attempt+1
 //
-// Admit, before the chain runs, drops forged headers (below) and
-// dead-letters, with reason delivery-limit, a delivery whose
-// x-delivery-count reached DeliveryLimit (quorum queues count
+// Admit, before the chain runs, drops forged headers (below),
+// dead-letters a held dead letter (below) and dead-letters, with reason
+// delivery-limit, a delivery whose x-delivery-count reached DeliveryLimit,
+// or the lower limit the broker applies (quorum queues count
 // redeliveries after crashes and requeues; the policy acts one delivery
 // before the broker would drop the message without idemq's headers).
 //
@@ -46,9 +47,15 @@
 //	dead letter too large         → the same dead letter with only the
 //	                                message's own headers, x-idemq-reason and
 //	                                x-idemq-attempts
+//	dead letter unroutable        → held back: republished, marked
+//	(DLQ deleted, or a classic      x-idemq-dead-letter-held, to a retry queue
+//	DLQ whose node is down)         (the work queue when that is gone too);
+//	                                Admit dead-letters it again when it comes
+//	                                back, before the handler runs, until the
+//	                                DLQ routes (counter retry_dead_letter_held)
 //	dead letter unpublishable     → rejected to the broker (nack without
-//	(DLQ deleted, still too         requeue: its dead-letter exchange, if any,
-//	large, invalid)                 takes it), counter retry_unpublishable
+//	(still too large, invalid)      requeue: its dead-letter exchange, if any,
+//	                                takes it), counter retry_unpublishable
 //	deferral, any failure         → waits in place for its After; the layer
 //	                                that deferred it decides again
 //	anything else (the connection → waits in place PublishRetryAfter, then

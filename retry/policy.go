@@ -36,9 +36,11 @@ type Config struct {
 	MaxAttempts int
 	// DeliveryLimit dead-letters (reason delivery-limit) a delivery whose
 	// x-delivery-count is >= DeliveryLimit, before running the handler.
-	// 0 disables the check. [ForTopology] sets it to the quorum queue's
-	// x-delivery-limit, so the policy acts one delivery before the broker
-	// would drop the message without idemq's headers.
+	// [ForTopology] sets it to the quorum queue's x-delivery-limit, so the
+	// policy acts one delivery before the broker would drop the message
+	// without idemq's headers. When the consumer read a lower limit the
+	// broker applies (a policy's, idemq.ConsumerConfig.ManagementURL) the
+	// check uses that one; 0 leaves only that one (none: no check).
 	DeliveryLimit int
 	// RequeueLimit is the broker delivery limit in-place requeues must
 	// never walk a delivery into: once x-delivery-count reaches half of
@@ -284,9 +286,9 @@ func (p *Policy) Admit(d *idemq.Delivery) (idemq.Decision, bool) {
 	if reason, ok := strOK(d.Headers[idemq.HeaderDeadLetterHeld]); ok {
 		return p.deadLetterHeld(d, reason), false
 	}
-	if p.cfg.DeliveryLimit > 0 {
-		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(p.cfg.DeliveryLimit) {
-			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, p.cfg.DeliveryLimit)
+	if limit := p.deliveryLimit(d); limit > 0 {
+		if n, ok := DeliveryCount(d.Headers); ok && n >= int64(limit) {
+			cause := fmt.Errorf("x-delivery-count %d reached the delivery limit %d", n, limit)
 			return p.deadLetter(d, idemq.ReasonDeliveryLimit, cause, Attempt(d.Headers)), false
 		}
 	}
@@ -551,6 +553,18 @@ func (p *Policy) retry(d *idemq.Delivery, cause error, attempt int) idemq.Decisi
 func (p *Policy) roomToRequeue(d *idemq.Delivery) bool {
 	n, ok := DeliveryCount(d.Headers)
 	return !ok || n < int64(p.RequeueLimit(d)/2)
+}
+
+// deliveryLimit is the delivery limit Admit checks d against: the smaller
+// of Config.DeliveryLimit and the limit the broker applies to d's queue
+// when the consumer read it (idemq.Delivery.QueueDeliveryLimit); either
+// alone when the other is 0.
+func (p *Policy) deliveryLimit(d *idemq.Delivery) int {
+	l := p.cfg.DeliveryLimit
+	if q := d.QueueDeliveryLimit; q > 0 && (l <= 0 || q < l) {
+		l = q
+	}
+	return l
 }
 
 // RequeueLimit is the delivery limit in-place requeues of d are kept

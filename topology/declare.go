@@ -28,6 +28,9 @@ type MismatchError struct {
 	Asked    any        // the value asked for Argument (nil: not asked, i.e. "none")
 	Declared amqp.Table // every argument this declare asked for
 	Detail   string
+	// Hint says what to do when there is more to say than "delete the
+	// old one or change the declaration" (an existing classic DLQ).
+	Hint string
 }
 
 func (e *MismatchError) Error() string {
@@ -37,7 +40,11 @@ func (e *MismatchError) Error() string {
 		fmt.Fprintf(&b, ": argument %s differs (asked for %s)", e.Argument, showValue(e.Asked))
 	}
 	fmt.Fprintf(&b, "; declared %s; broker said: %s", showTable(e.Declared), e.Detail)
-	b.WriteString(" — delete the old one or change the declaration")
+	if e.Hint != "" {
+		b.WriteString(" — " + e.Hint)
+	} else {
+		b.WriteString(" — delete the old one or change the declaration")
+	}
 	return b.String()
 }
 
@@ -147,6 +154,12 @@ func DeclareQueue(ctx context.Context, ch *amqp.Channel, q Queue) error {
 	}
 	if p.DLQ != "" {
 		if err := declare(p.DLQ, p.DLQArgs); err != nil {
+			var me *MismatchError
+			if errors.As(err, &me) && p.DLQType == Quorum && q.DLQType == "" &&
+				(me.Argument == ArgQueueType || me.Argument == ArgDeliveryLimit) {
+				me.Hint = fmt.Sprintf("dead-letter queues are quorum queues by default now; "+
+					"set dlq_type: classic on queue %q to keep this one, or move its messages out, delete it and let Setup declare it again (docs/OPERATIONS.md, \"Dead-letter queue type\")", q.Name)
+			}
 			return err
 		}
 	}

@@ -13,9 +13,18 @@
 //	                       requeue, the quorum x-delivery-limit) still lands
 //	                       in the dead-letter queue; quorum queues get
 //	                       x-delivery-limit as a backstop against loops.
-//	orders.dlq             the dead-letter queue: a durable classic queue (so
-//	                       reading it non-destructively never bumps a
-//	                       delivery count).
+//	orders.dlq             the dead-letter queue: by default a quorum queue
+//	                       (a member on each node: a node loss leaves it
+//	                       available to Setup and to dead letters) with
+//	                       x-delivery-limit [DLQDeliveryLimit] (reading it
+//	                       non-destructively counts a delivery, and
+//	                       RabbitMQ 4 would otherwise drop a dead letter
+//	                       read 20 times). dlq_type: classic declares the
+//	                       former classic DLQ, which lives on one node:
+//	                       while that node is down, declaring it fails on
+//	                       every node (so does a consumer's Setup) and the
+//	                       broker cannot route dead letters to it (the
+//	                       retry policy holds them back until it can).
 //	orders.retry.<ms>      one durable delay queue per retry delay:
 //	                       x-message-ttl <ms>, x-dead-letter-exchange "" and
 //	                       x-dead-letter-routing-key "orders". A message
@@ -39,7 +48,11 @@
 // the broker refuses to redeclare a queue with another type (a
 // [*MismatchError] on x-queue-type). Either set retry_type: classic, or
 // stop the consumers, wait for the retry queues to drain into the work
-// queue, delete them and declare again.
+// queue, delete them and declare again. The same holds for a classic DLQ
+// declared by an older idemq: the mismatch says to set dlq_type: classic,
+// or to move its dead letters out (idemq dlq replay --routing-key OTHER,
+// or a shovel),
+// delete it and declare again.
 //
 // [Topology.Validate] (run by [Load] and [Declare]) refuses what would
 // declare something other than what the plan says: x-queue-type in args

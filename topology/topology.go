@@ -35,6 +35,14 @@ var DefaultRetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time
 // DeliveryLimit is 0.
 const DefaultDeliveryLimit = 20
 
+// DLQDeliveryLimit is the x-delivery-limit of a quorum dead-letter queue.
+// A dead-letter queue has no dead-letter target of its own, so a message
+// past its limit is dropped; without a declared limit RabbitMQ 4.0 and
+// later apply 20, which a dead letter inspected 20 times (idemq dlq list
+// peeks and gives back) would reach. 3.x rejects a negative limit, so the
+// declared one is far beyond any inspection instead.
+const DLQDeliveryLimit = 1_000_000
+
 // Topology is everything to declare.
 type Topology struct {
 	Exchanges []Exchange `yaml:"exchanges" json:"exchanges,omitempty"`
@@ -63,6 +71,15 @@ type Queue struct {
 	// DLQ names the dead-letter queue. Default "<name>.dlq"; "-" means no
 	// dead-letter queue (and no x-dead-letter-* arguments on the work queue).
 	DLQ string `yaml:"dlq" json:"dlq,omitempty"`
+	// DLQType is the type of the dead-letter queue. Default [Quorum]: it
+	// has a member on every node of a cluster, so a node loss leaves it
+	// available, and it is declared with [DLQDeliveryLimit]. [Classic]
+	// keeps the DLQ of idemq before v0.x (an existing classic DLQ cannot be
+	// redeclared as quorum: see docs/OPERATIONS.md); a classic queue lives
+	// on one node, and while that node is down declaring it fails on
+	// every node (so does a consumer's Setup) and the broker cannot route
+	// dead letters to it (the retry policy then holds them back).
+	DLQType QueueType `yaml:"dlq_type" json:"dlq_type,omitempty"`
 	// RetryDelays are the delays of the retry queues, in attempt order.
 	// Default [DefaultRetryDelays]. Rounded to whole milliseconds.
 	RetryDelays []time.Duration `yaml:"retry_delays" json:"retry_delays,omitempty"`
@@ -163,6 +180,7 @@ type Plan struct {
 	Type          QueueType
 	Args          amqp.Table // work queue
 	DLQ           string     // "" when disabled
+	DLQType       QueueType  // "" when disabled
 	DLQArgs       amqp.Table
 	DeliveryLimit int             // effective x-delivery-limit (0: none)
 	Notes         []string        // what the plan means where it is not obvious (no DLQ, no limit)
@@ -214,7 +232,14 @@ func ForQueue(q Queue) Plan {
 	if p.DLQ != "" {
 		p.Args[ArgDLX] = ""
 		p.Args[ArgDLRoutingKey] = p.DLQ
-		p.DLQArgs = amqp.Table{ArgQueueType: string(Classic)}
+		p.DLQType = q.DLQType
+		if p.DLQType == "" {
+			p.DLQType = Quorum
+		}
+		p.DLQArgs = amqp.Table{ArgQueueType: string(p.DLQType)}
+		if p.DLQType == Quorum {
+			p.DLQArgs[ArgDeliveryLimit] = int64(DLQDeliveryLimit)
+		}
 	}
 	if typ == Quorum {
 		switch {
@@ -428,6 +453,7 @@ func (t Topology) Validate() error {
 		exchanges[e.Name] = true
 	}
 	queues := map[string]bool{}
+	dlqTypes := map[string]QueueType{}
 	for _, q := range t.Queues {
 		queues[q.Name] = true
 	}
@@ -463,6 +489,14 @@ func (t Topology) Validate() error {
 		default:
 			errs = append(errs, fmt.Errorf("%s: unknown retry_type %q (quorum or classic)", where, q.RetryType))
 		}
+		switch q.DLQType {
+		case "", Classic, Quorum:
+		default:
+			errs = append(errs, fmt.Errorf("%s: unknown dlq_type %q (quorum or classic)", where, q.DLQType))
+		}
+		if q.DLQ == "-" && q.DLQType != "" {
+			errs = append(errs, fmt.Errorf("%s: dlq_type is set but dlq is \"-\" (none); drop one", where))
+		}
 		if q.NoRetry && len(q.RetryDelays) > 0 {
 			errs = append(errs, fmt.Errorf("%s: no_retry and retry_delays are both set; keep one", where))
 		}
@@ -494,6 +528,12 @@ func (t Topology) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: dlq %q: names starting with \"amq.\" are reserved by the broker", where, q.DLQ))
 		}
 		p := ForQueue(q)
+		if p.DLQ != "" {
+			if other, ok := dlqTypes[p.DLQ]; ok && other != p.DLQType {
+				errs = append(errs, fmt.Errorf("%s: dlq %q is shared with another queue that declares it %s, this one %s; give both the same dlq_type", where, p.DLQ, other, p.DLQType))
+			}
+			dlqTypes[p.DLQ] = p.DLQType
+		}
 		for _, n := range append([]string{p.Queue, p.DLQ}, retryNames(p)...) {
 			if err := validateName("queue", n); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", where, err))

@@ -315,3 +315,66 @@ func TestWarnings(t *testing.T) {
 		})
 	}
 }
+
+// Dead-letter queues are quorum queues by default (a node loss leaves them
+// available), with a delivery limit far beyond any inspection; dlq_type
+// classic keeps the old classic DLQ.
+func TestDLQType(t *testing.T) {
+	tests := []struct {
+		name  string
+		q     topology.Queue
+		typ   topology.QueueType
+		limit any
+	}{
+		{"default, classic work queue", topology.Queue{Name: "a"}, topology.Quorum, int64(topology.DLQDeliveryLimit)},
+		{"default, quorum work queue", topology.Queue{Name: "a", Type: topology.Quorum}, topology.Quorum, int64(topology.DLQDeliveryLimit)},
+		{"classic", topology.Queue{Name: "a", DLQType: topology.Classic}, topology.Classic, nil},
+		{"quorum, named", topology.Queue{Name: "a", DLQ: "errors", DLQType: topology.Quorum}, topology.Quorum, int64(topology.DLQDeliveryLimit)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := topology.ForQueue(tt.q)
+			if p.DLQType != tt.typ || p.DLQArgs[topology.ArgQueueType] != string(tt.typ) || p.DLQArgs[topology.ArgDeliveryLimit] != tt.limit {
+				t.Fatalf("DLQ type %q args %v, want %s with limit %v", p.DLQType, p.DLQArgs, tt.typ, tt.limit)
+			}
+		})
+	}
+	if p := topology.ForQueue(topology.Queue{Name: "a", DLQ: "-"}); p.DLQType != "" || p.DLQArgs != nil {
+		t.Fatalf("no DLQ: type %q args %v", p.DLQType, p.DLQArgs)
+	}
+	bad := []struct{ name, yaml, want string }{
+		{"unknown", "queues:\n  - name: a\n    dlq_type: stream\n", `unknown dlq_type "stream"`},
+		{"type without a DLQ", "queues:\n  - name: a\n    dlq: \"-\"\n    dlq_type: quorum\n", "dlq is \"-\""},
+		{"shared DLQ, two types", "queues:\n  - name: a\n    dlq: errors\n  - name: b\n    dlq: errors\n    dlq_type: classic\n", "give both the same dlq_type"},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := topology.Load(strings.NewReader(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// A classic DLQ declared by an older idemq makes the default (quorum)
+// declare fail with a mismatch that says how to keep it or move it;
+// dlq_type classic declares it as it is.
+func TestDeclareExistingClassicDLQ(t *testing.T) {
+	name := testenv.Name(t, "q")
+	cleanup(t, topology.Topology{Queues: []topology.Queue{{Name: name, NoRetry: true}}})
+	if _, err := testenv.Channel(t).QueueDeclare(topology.DLQName(name), true, false, false, false,
+		amqp.Table{topology.ArgQueueType: "classic"}); err != nil {
+		t.Fatal(err)
+	}
+	err := topology.Declare(context.Background(), testenv.Channel(t), topology.Topology{Queues: []topology.Queue{{Name: name, NoRetry: true}}})
+	var me *topology.MismatchError
+	if !errors.As(err, &me) || me.Name != topology.DLQName(name) || me.Argument != topology.ArgQueueType ||
+		!strings.Contains(err.Error(), "dlq_type: classic") {
+		t.Fatalf("err %v, want a mismatch on the DLQ's x-queue-type with the dlq_type hint", err)
+	}
+	keep := topology.Topology{Queues: []topology.Queue{{Name: name, NoRetry: true, DLQType: topology.Classic}}}
+	if err := topology.Declare(context.Background(), testenv.Channel(t), keep); err != nil {
+		t.Fatalf("dlq_type classic: %v", err)
+	}
+}

@@ -26,6 +26,7 @@ type gateFlags struct {
 	from, to, routingKey, routes   string
 	metricsListen                  string
 	amqp, redisURL, redisKeyPrefix string
+	managementURL                  string
 	store, db, table               string
 	bloomIDs                       uint64
 	bloomFP                        float64
@@ -88,6 +89,7 @@ func newGateCmd() *cobra.Command {
 	fl.StringVar(&f.routingKey, "routing-key", "", "routing key for --to (default: the message's own)")
 	fl.StringVar(&f.routes, "routes", "", "YAML file of routes (instead of --to)")
 	fl.StringVar(&f.amqp, "amqp", "", "AMQP URL (default $IDEMQ_AMQP_URL)")
+	fl.StringVar(&f.managementURL, "management-url", "", "RabbitMQ management API URL: the ingress queue's delivery limit (a policy's too) is read at each connect (default none)")
 	fl.StringVar(&f.redisURL, "redis-url", "", "Redis URL (default $IDEMQ_REDIS_URL)")
 	fl.StringVar(&f.redisURL, "redis", "", "alias of --redis-url")
 	fl.StringVar(&f.redisKeyPrefix, "redis-key-prefix", "", "Redis key prefix of the store")
@@ -135,7 +137,7 @@ func gateConfig(f gateFlags) (gate.Config, error) {
 		return gate.Config{}, errors.New("--to EXCHANGE or --routes FILE is required")
 	}
 	cfg := gate.Config{
-		URL: amqpURL(f.amqp), Ingress: f.from, Routes: routes, Group: f.group, Prefix: f.prefix,
+		URL: amqpURL(f.amqp), ManagementURL: f.managementURL, Ingress: f.from, Routes: routes, Group: f.group, Prefix: f.prefix,
 		RedisURL: redisURL(f.redisURL), RedisKeyPrefix: f.redisKeyPrefix, DeadLetterQueue: f.dlq,
 		Window: f.window, Lease: f.lease, ForwardTimeout: f.forwardTimeout, Workers: f.workers, Prefetch: f.prefetch,
 	}

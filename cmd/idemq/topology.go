@@ -115,7 +115,11 @@ func describeTopology(t topology.Topology) []appliedObject {
 	for _, q := range t.Queues {
 		p := topology.ForQueue(q)
 		if p.DLQ != "" {
-			out = append(out, appliedObject{Kind: "dlq", Name: p.DLQ, Info: "classic"})
+			info := string(p.DLQType)
+			if p.DLQType == topology.Quorum {
+				info += fmt.Sprintf(", delivery-limit %d", topology.DLQDeliveryLimit)
+			}
+			out = append(out, appliedObject{Kind: "dlq", Name: p.DLQ, Info: info})
 		}
 		for _, r := range p.Retries {
 			out = append(out, describeRetry(p, r))
