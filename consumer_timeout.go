@@ -34,6 +34,17 @@ const (
 	CountExpiredDeliveries = "expired_deliveries"
 )
 
+// handlerTimeoutCause is the cause of a handler context cancelled at its
+// deadline: ErrHandlerTimeout and the limit. It is made for every delivery,
+// so it is formatted only when read.
+type handlerTimeoutCause time.Duration
+
+func (c handlerTimeoutCause) Error() string {
+	return fmt.Sprintf("%s after %v", ErrHandlerTimeout.Error(), time.Duration(c))
+}
+
+func (c handlerTimeoutCause) Unwrap() error { return ErrHandlerTimeout }
+
 // ErrHandlerTimeout is the cause of a handler context cancelled at its
 // deadline (see ConsumerConfig.HandlerTimeout and ConsumerTimeout). A
 // handler can test context.Cause(ctx) for it; a failed handler's error
@@ -127,8 +138,7 @@ func (c *Consumer) deadline(h Handler) Handler {
 			// not start work that would be cut at once.
 			return &HandlerTimeoutError{Limit: 0, ConsumerTimeout: fromBroker, Err: context.DeadlineExceeded}
 		}
-		cause := fmt.Errorf("%w after %v", ErrHandlerTimeout, limit)
-		hctx, cancel := context.WithDeadlineCause(ctx, at, cause)
+		hctx, cancel := context.WithDeadlineCause(ctx, at, handlerTimeoutCause(limit))
 		defer cancel()
 		err := h.Handle(askParent{Context: hctx, parent: ctx}, d)
 		if err == nil || hctx.Err() == nil || ctx.Err() != nil {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemq/idemq"
@@ -74,8 +76,10 @@ type Config struct {
 	// tell.
 	InFlightRetryAfter time.Duration
 	// StoreTimeout bounds every store call. Default 5s. With a BatchStore
-	// it bounds both a call's wait for its batch and the batch's round
-	// trip, so a grouped call may take up to twice as long.
+	// it bounds each batch's round trip (a batch that overruns it is
+	// answered with an error and the next one starts), and a grouped call
+	// waits for the batch ahead of it, then for its own: up to twice as
+	// long, more when more calls wait than MaxBatch holds.
 	StoreTimeout time.Duration
 	// MaxBatch bounds how many concurrent Claim (or Complete) calls share
 	// one store round trip when the store implements [BatchStore]. Calls
@@ -209,9 +213,20 @@ type Guard struct {
 	// layer (a store with a DuplicateLayer() string method names its own,
 	// the Bloom tier does), else idemq.LayerGuard.
 	dup error
+	// tokenBase and tokenSeq make the lease tokens: 80 random bits drawn
+	// once, then a counter, so a token is unique across processes without
+	// a call to the system's random source per delivery.
+	tokenBase string
+	tokenSeq  atomic.Uint64
 }
 
 var _ idemq.Layer = (*Guard)(nil)
+
+// token returns a new lease token.
+func (g *Guard) token() string {
+	var buf [48]byte
+	return string(strconv.AppendUint(append(buf[:0], g.tokenBase...), g.tokenSeq.Add(1), 32))
+}
 
 // NewGuard validates cfg ([Config.Validate]), fills its defaults and
 // returns the guard.
@@ -220,7 +235,7 @@ func NewGuard(cfg Config) (*Guard, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	g := &Guard{store: cfg.Store, cfg: cfg, dup: idemq.Duplicate(idemq.LayerGuard)}
+	g := &Guard{store: cfg.Store, cfg: cfg, dup: idemq.Duplicate(idemq.LayerGuard), tokenBase: rand.Text()[:16] + "-"}
 	if l, ok := cfg.Store.(interface{ DuplicateLayer() string }); ok {
 		g.dup = idemq.Duplicate(l.DuplicateLayer())
 	}
@@ -270,37 +285,37 @@ func (g *Guard) Wrap(next idemq.Handler) idemq.Handler {
 func (g *Guard) Middleware() idemq.Middleware { return g.Wrap }
 
 // claim asks the store for a lease, in a group of concurrent claims when it
-// can. StoreTimeout bounds the call (grouped: the wait for a batch; the
-// batch has its own).
+// can. StoreTimeout bounds the call; grouped, it bounds each batch (see
+// Config.StoreTimeout), so a grouped call needs no timer of its own.
 func (g *Guard) claim(ctx context.Context, key, token string) (Claim, error) {
-	cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
-	defer cancel()
 	if g.claims == nil && g.mixed == nil {
+		cctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout)
+		defer cancel()
 		return g.store.Claim(cctx, key, token, g.cfg.Lease)
 	}
 	if err := ctx.Err(); err != nil {
 		return Claim{}, &StoreError{Op: "claim", Err: err}
 	}
 	if g.mixed != nil {
-		r := g.mixed.Do(cctx, mixedReq{claim: ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease}})
+		r := g.mixed.Do(ctx, mixedReq{claim: ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease}})
 		return r.claim.Claim, r.claim.Err
 	}
-	r := g.claims.Do(cctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
+	r := g.claims.Do(ctx, ClaimRequest{Key: key, Token: token, Lease: g.cfg.Lease})
 	return r.Claim, r.Err
 }
 
 // completeOnce marks the record done, in a group of concurrent completes
 // when it can. It runs even when the handler's context has ended.
 func (g *Guard) completeOnce(ctx context.Context, key, token string) error {
+	if g.mixed != nil {
+		return g.mixed.Do(context.WithoutCancel(ctx), mixedReq{complete: true, done: CompleteRequest{Key: key, Token: token, Window: g.cfg.Window}}).err
+	}
+	if g.completes != nil {
+		return g.completes.Do(context.WithoutCancel(ctx), CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
+	}
 	sctx, cancel := g.storeCtx(ctx)
 	defer cancel()
-	if g.mixed != nil {
-		return g.mixed.Do(sctx, mixedReq{complete: true, done: CompleteRequest{Key: key, Token: token, Window: g.cfg.Window}}).err
-	}
-	if g.completes == nil {
-		return g.store.Complete(sctx, key, token, g.cfg.Window)
-	}
-	return g.completes.Do(sctx, CompleteRequest{Key: key, Token: token, Window: g.cfg.Window})
+	return g.store.Complete(sctx, key, token, g.cfg.Window)
 }
 
 func (g *Guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handler) error {
@@ -314,7 +329,7 @@ func (g *Guard) handle(ctx context.Context, d *idemq.Delivery, next idemq.Handle
 		group = d.Queue
 	}
 	key := Key(g.cfg.Prefix, group, id)
-	token := rand.Text()
+	token := g.token()
 	log := keyLog{g.cfg.Logger, key}
 
 	sent := time.Now() // the lease runs from no sooner than this

@@ -27,6 +27,7 @@ type Batcher[Req, Resp any] struct {
 	fn   Func[Req, Resp]
 	fail func(error) Resp
 	cfg  Config
+	pool sync.Pool // *call: a request's slot and its reusable done channel
 
 	mu       sync.Mutex
 	pending  []*call[Req, Resp]
@@ -37,11 +38,14 @@ type call[Req, Resp any] struct {
 	ctx  context.Context
 	req  Req
 	resp Resp
+	// done receives one value when resp is set. It is buffered, so the
+	// answering side never waits for the caller, and reused with the call.
 	done chan struct{}
 }
 
 // New returns a batcher calling fn. fail makes the response of a request
-// that fn did not answer (it panicked, or returned too few responses).
+// that fn did not answer (it panicked, returned too few responses, or
+// overran Config.Timeout).
 func New[Req, Resp any](fn Func[Req, Resp], fail func(error) Resp, cfg Config) *Batcher[Req, Resp] {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 128
@@ -52,18 +56,27 @@ func New[Req, Resp any](fn Func[Req, Resp], fail func(error) Resp, cfg Config) *
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	return &Batcher[Req, Resp]{fn: fn, fail: fail, cfg: cfg}
+	b := &Batcher[Req, Resp]{fn: fn, fail: fail, cfg: cfg}
+	b.pool.New = func() any { return &call[Req, Resp]{done: make(chan struct{}, 1)} }
+	return b
 }
 
 // Do sends req in the next batch and returns its response. A request still
 // waiting for a batch when ctx ends is withdrawn and answered with the
-// Func's fail(ctx.Err()); once taken into a batch it is waited for (each
-// batch is bounded by Config.Timeout), so a request sent is never left
-// behind half-done. The batch's context carries the values of ctx of the
-// call that starts it (all calls of one batcher are expected to share
-// them: a recorder, a logger) but never its cancellation.
+// Func's fail(ctx.Err()); once taken into a batch it is waited for, so a
+// request sent is never left behind half-done.
+//
+// Every batch is answered within Config.Timeout: its context ends then,
+// and a Func that does not return by that time is not waited for (its
+// requests are answered with fail(context.DeadlineExceeded) and the next
+// batch starts). A request therefore waits at most for the batches ahead
+// of it and its own, each bounded by Timeout, without a timer of its own.
+// The batch's context carries the values of ctx of the call that starts
+// it (all calls of one batcher are expected to share them: a recorder, a
+// logger) but never its cancellation.
 func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) Resp {
-	c := &call[Req, Resp]{ctx: ctx, req: req, done: make(chan struct{})}
+	c := b.pool.Get().(*call[Req, Resp])
+	c.ctx, c.req = ctx, req
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
 	var batch []*call[Req, Resp]
@@ -74,24 +87,30 @@ func (b *Batcher[Req, Resp]) Do(ctx context.Context, req Req) Resp {
 	if batch != nil {
 		b.run(batch)
 	}
+	var resp Resp
 	select {
 	case <-c.done:
-		return c.resp
+		resp = c.resp
 	case <-ctx.Done():
-	}
-	b.mu.Lock()
-	if i := slices.Index(b.pending, c); i >= 0 {
-		b.pending = slices.Delete(b.pending, i, i+1)
+		b.mu.Lock()
+		if i := slices.Index(b.pending, c); i >= 0 {
+			b.pending = slices.Delete(b.pending, i, i+1)
+			b.mu.Unlock()
+			resp = b.fail(ctx.Err())
+			break
+		}
 		b.mu.Unlock()
-		return b.fail(ctx.Err())
+		<-c.done // already in a batch: its answer is on its way
+		resp = c.resp
 	}
-	b.mu.Unlock()
-	<-c.done // already in a batch: its answer is on its way
-	return c.resp
+	var zero call[Req, Resp]
+	c.ctx, c.req, c.resp = zero.ctx, zero.req, zero.resp
+	b.pool.Put(c)
+	return resp
 }
 
-// take removes the next batch from pending and counts it in flight; b.mu
-// is held.
+// take removes up to MaxBatch pending calls and counts a batch in flight.
+// Called with b.mu held.
 func (b *Batcher[Req, Resp]) take() []*call[Req, Resp] {
 	n := min(len(b.pending), b.cfg.MaxBatch)
 	batch := make([]*call[Req, Resp], n)
@@ -103,20 +122,39 @@ func (b *Batcher[Req, Resp]) take() []*call[Req, Resp] {
 	return batch
 }
 
-// run answers batch, then hands whatever queued meanwhile to a new
-// goroutine (the caller that ran this batch goes back to its own work).
+// run answers batch, then starts the next one if calls are waiting. When
+// fn overruns the batch's Timeout, a watchdog answers the batch instead
+// and starts the next one; fn's late answer is dropped.
 func (b *Batcher[Req, Resp]) run(batch []*call[Req, Resp]) {
 	reqs := make([]Req, len(batch))
 	for i, c := range batch {
 		reqs[i] = c.req
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), b.cfg.Timeout)
+	stop := context.AfterFunc(ctx, func() {
+		err := fmt.Errorf("coalesce: batch not answered within %v: %w", b.cfg.Timeout, context.DeadlineExceeded)
+		for _, c := range batch {
+			c.resp = b.fail(err)
+			c.done <- struct{}{}
+		}
+		b.finish()
+	})
 	resps := b.call(ctx, reqs)
+	if !stop() {
+		// The watchdog answered (or is answering) this batch.
+		cancel()
+		return
+	}
 	cancel()
 	for i, c := range batch {
 		c.resp = resps[i]
-		close(c.done)
+		c.done <- struct{}{}
 	}
+	b.finish()
+}
+
+// finish ends a batch in flight and starts the next one if calls wait.
+func (b *Batcher[Req, Resp]) finish() {
 	b.mu.Lock()
 	b.inFlight--
 	var next []*call[Req, Resp]

@@ -195,3 +195,45 @@ func TestQueuedRequestWithdrawnWhenItsContextEnds(t *testing.T) {
 		t.Fatal("the withdrawn request was sent")
 	}
 }
+
+// A Func that ignores its context does not hold the calls queued behind
+// it: its batch is answered when its Timeout passes and the next batch
+// starts without it. (The caller that runs the stuck batch itself waits
+// for the Func to return, then gets the timeout.)
+func TestBatchThatOverrunsItsTimeoutIsAnswered(t *testing.T) {
+	stuck := make(chan struct{})
+	started := make(chan struct{}, 1)
+	b := New(func(_ context.Context, reqs []int) []resp {
+		out := make([]resp, len(reqs))
+		for i, r := range reqs {
+			if r == 1 {
+				started <- struct{}{}
+				<-stuck // ignores its context
+			}
+			out[i].v = r
+		}
+		return out
+	}, failResp, Config{Timeout: 50 * time.Millisecond})
+
+	first := make(chan resp, 1)
+	go func() { first <- b.Do(context.Background(), 1) }()
+	<-started
+	queued := make(chan resp, 1)
+	go func() { queued <- b.Do(context.Background(), 2) }()
+
+	select {
+	case got := <-queued:
+		if got.err != nil || got.v != 2 {
+			t.Fatalf("queued Do = %+v, want 2", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call queued behind a stuck batch was not answered")
+	}
+	if got := b.Do(context.Background(), 3); got.err != nil || got.v != 3 {
+		t.Fatalf("later Do = %+v", got)
+	}
+	close(stuck)
+	if got := <-first; !errors.Is(got.err, context.DeadlineExceeded) {
+		t.Fatalf("stuck Do = %+v, want DeadlineExceeded", got)
+	}
+}
