@@ -25,10 +25,41 @@ func (l *statementLog) note(q string) {
 	l.stmt = append(l.stmt, q)
 }
 
-func (l *statementLog) last() string {
+// since returns the statements run since the first n, joined.
+func (l *statementLog) since(n int) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.stmt[len(l.stmt)-1]
+	return strings.Join(l.stmt[n:], "; ")
+}
+
+func (l *statementLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.stmt)
+}
+
+// Begin logs the transaction's statements too.
+func (l *statementLog) Begin(ctx context.Context, opts sqldb.TxOptions) (sqldb.Tx, error) {
+	tx, err := l.DB.Begin(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &txLog{Tx: tx, log: l}, nil
+}
+
+type txLog struct {
+	sqldb.Tx
+	log *statementLog
+}
+
+func (t *txLog) Exec(ctx context.Context, q string, args ...any) (int64, error) {
+	t.log.note(q)
+	return t.Tx.Exec(ctx, q, args...)
+}
+
+func (t *txLog) Query(ctx context.Context, q string, args ...any) (sqldb.Rows, error) {
+	t.log.note(q)
+	return t.Tx.Query(ctx, q, args...)
 }
 
 func (l *statementLog) Exec(ctx context.Context, q string, args ...any) (int64, error) {
@@ -69,18 +100,20 @@ func TestBookkeepingCommitsAsync(t *testing.T) {
 			if err := store.Add(ctx, db, outbox.Message{ID: "b-1", RoutingKey: "q", Body: []byte("x")}); err != nil {
 				t.Fatal(err)
 			}
+			n := log.count()
 			rows, err := store.Claim(ctx, "me", 10, time.Minute, c.ordered)
 			if err != nil || len(rows) != 1 {
 				t.Fatalf("claim: %d rows, %v", len(rows), err)
 			}
-			if got := strings.Contains(log.last(), async); got != c.claimAsync {
-				t.Errorf("claim commits async: %v, want %v (%s)", got, c.claimAsync, log.last())
+			if got := strings.Contains(log.since(n), async); got != c.claimAsync {
+				t.Errorf("claim commits async: %v, want %v (%s)", got, c.claimAsync, log.since(n))
 			}
+			n = log.count()
 			if err := store.MarkSent(ctx, []int64{rows[0].ID}); err != nil {
 				t.Fatal(err)
 			}
-			if got := strings.Contains(log.last(), async); got != c.markAsync {
-				t.Errorf("mark commits async: %v, want %v (%s)", got, c.markAsync, log.last())
+			if got := strings.Contains(log.since(n), async); got != c.markAsync {
+				t.Errorf("mark commits async: %v, want %v (%s)", got, c.markAsync, log.since(n))
 			}
 			if n, err := store.Count(ctx); err != nil || n[outbox.StateSent] != 1 {
 				t.Fatalf("counts %v (%v), want 1 sent", n, err)

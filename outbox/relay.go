@@ -36,6 +36,15 @@ type Publisher interface {
 	Publish(ctx context.Context, msg idemq.Message) error
 }
 
+// BatchPublisher is a [Publisher] that can also publish many messages in
+// one call, errs[i] being the outcome of msgs[i] ([idemq.Publisher] is
+// one). The relay then publishes each claimed batch with one call instead
+// of one Publish per row.
+type BatchPublisher interface {
+	Publisher
+	PublishBatch(ctx context.Context, msgs []idemq.Message) (errs []error)
+}
+
 // Hooks let tests inject faults. Leave nil in production.
 type Hooks struct {
 	// AfterConfirm runs after a row's confirm arrived, before it is marked.
@@ -70,7 +79,8 @@ type RelayConfig struct {
 	// PublishTimeout. Default 60s.
 	Lease time.Duration
 	// PublishTimeout bounds one publish (the publisher's own retries
-	// included). Default Lease/3.
+	// included), or with a [BatchPublisher] the publishes of one batch.
+	// Default Lease/3.
 	PublishTimeout time.Duration
 	// PollInterval is the first idle wait; it doubles up to MaxPollInterval
 	// while there is nothing to do. Defaults 50ms and 1s. With a store that
@@ -348,32 +358,11 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 	})
 	defer stopDrain()
 	results := make([]result, len(rows))
-	var wg sync.WaitGroup
-	for i := range rows {
-		row := rows[i]
-		results[i].row = row
-		if reason := r.precheck(&row); reason != "" {
-			results[i].err = permanentErr(reason)
-			continue
-		}
-		wg.Go(func() {
-			pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
-			defer cancel()
-			m := row.Message
-			err := r.cfg.Publisher.Publish(pctx, idemq.Message{
-				ID: m.ID, Exchange: m.Exchange, RoutingKey: m.RoutingKey, Body: m.Body,
-				ContentType: m.ContentType, Headers: m.Headers,
-			})
-			if err != nil && errors.Is(context.Cause(pubCtx), errAbandoned) {
-				err = fmt.Errorf("%w: %w", errAbandoned, err)
-			}
-			results[i].err = err
-			if err == nil && r.cfg.Hooks.AfterConfirm != nil {
-				r.cfg.Hooks.AfterConfirm(row)
-			}
-		})
+	if bp, ok := r.cfg.Publisher.(BatchPublisher); ok {
+		r.publishBatch(pubCtx, bp, rows, results)
+	} else {
+		r.publishEach(pubCtx, rows, results)
 	}
-	wg.Wait()
 
 	var sent []Row
 	var ids []int64
@@ -395,6 +384,78 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 			r.failed(dctx, res.row, res.err)
 		}
 	}
+}
+
+// publishEach publishes every row that passes precheck with its own
+// Publish call, concurrently.
+func (r *Relay) publishEach(pubCtx context.Context, rows []Row, results []result) {
+	var wg sync.WaitGroup
+	for i := range rows {
+		row := rows[i]
+		results[i].row = row
+		if reason := r.precheck(&row); reason != "" {
+			results[i].err = permanentErr(reason)
+			continue
+		}
+		wg.Go(func() {
+			pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
+			defer cancel()
+			results[i].err = r.published(pubCtx, row, r.cfg.Publisher.Publish(pctx, rowMessage(row)))
+		})
+	}
+	wg.Wait()
+}
+
+// publishBatch publishes every row that passes precheck with one
+// PublishBatch call.
+func (r *Relay) publishBatch(pubCtx context.Context, bp BatchPublisher, rows []Row, results []result) {
+	msgs := make([]idemq.Message, 0, len(rows))
+	which := make([]int, 0, len(rows))
+	for i := range rows {
+		results[i].row = rows[i]
+		if reason := r.precheck(&results[i].row); reason != "" {
+			results[i].err = permanentErr(reason)
+			continue
+		}
+		msgs = append(msgs, rowMessage(results[i].row))
+		which = append(which, i)
+	}
+	if len(msgs) == 0 {
+		return
+	}
+	pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
+	defer cancel()
+	errs := bp.PublishBatch(pctx, msgs)
+	for j, i := range which {
+		var err error
+		if j < len(errs) {
+			err = errs[j]
+		} else {
+			err = fmt.Errorf("outbox relay: the publisher answered %d of %d messages", len(errs), len(msgs))
+		}
+		results[i].err = r.published(pubCtx, results[i].row, err)
+	}
+}
+
+// rowMessage is the message a row is published as.
+func rowMessage(row Row) idemq.Message {
+	m := row.Message
+	return idemq.Message{
+		ID: m.ID, Exchange: m.Exchange, RoutingKey: m.RoutingKey, Body: m.Body,
+		ContentType: m.ContentType, Headers: m.Headers,
+	}
+}
+
+// published is a row's publish outcome: err, marked abandoned when the
+// drain ran out; on success the AfterConfirm hook runs.
+func (r *Relay) published(pubCtx context.Context, row Row, err error) error {
+	if err != nil && errors.Is(context.Cause(pubCtx), errAbandoned) {
+		err = fmt.Errorf("%w: %w", errAbandoned, err)
+	}
+	if err == nil && r.cfg.Hooks.AfterConfirm != nil {
+		r.cfg.Hooks.AfterConfirm(row)
+	}
+	return err
 }
 
 // errAbandoned: a publish still unconfirmed DrainTimeout after Run's

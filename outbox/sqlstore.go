@@ -329,6 +329,65 @@ func scanRow(sc scanner, owner string) (Row, error) {
 	return r, nil
 }
 
+// claimSettings are the planner settings of a PostgreSQL claim's
+// transaction. The claim's best plan walks the pending index in id order
+// and stops after limit rows. With statistics older than the backlog (a
+// burst, a relay that was down: autovacuum analyzes a minute or more
+// later; a table that keeps its sent rows says "almost nothing pending"),
+// the planner expects a few pending rows and picks a bitmap scan of all
+// of them and a sort instead: every claim then reads the whole backlog,
+// so draining it costs its square. Bitmap scans off, the index walk is
+// what is left for the pending rows.
+const claimSettings = "SELECT set_config('enable_bitmapscan', 'off', true)"
+
+// claimPostgres is Claim on PostgreSQL: the settings, then one UPDATE …
+// WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED)) RETURNING, in one
+// transaction. The ARRAY(…) makes the select an init plan, so the update
+// probes the primary key for exactly the claimed ids instead of possibly
+// hash-joining against a scan of the table.
+func (s *SQLStore) claimPostgres(ctx context.Context, owner string, limit int, leaseMS int64, ordered bool) ([]Row, error) {
+	settings := claimSettings
+	if s.asyncFrom != "" && !ordered {
+		// A lease lost in a database crash could let another relay
+		// publish a later row of the key while this one still publishes
+		// the earlier: ordered claims stay synchronous.
+		settings += ", set_config('synchronous_commit', 'off', true)"
+	}
+	tx, err := s.db.Begin(ctx, sqldb.TxOptions{})
+	if err != nil {
+		return nil, s.errf("claim (begin) from", err)
+	}
+	defer func() { _ = sqldb.Rollback(ctx, tx) }()
+	if _, err := tx.Exec(ctx, settings); err != nil {
+		return nil, s.errf("claim (settings) from", err)
+	}
+	q := s.rebind(fmt.Sprintf(
+		"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ? FOR UPDATE SKIP LOCKED)) RETURNING %[4]s",
+		s.table, s.d.NowPlusMillis("?"), s.claimWhere(ordered), s.cols()))
+	rows, err := tx.Query(ctx, q, owner, leaseMS, limit)
+	if err != nil {
+		return nil, s.errf("claim from", err)
+	}
+	var out []Row
+	for rows.Next() {
+		r, err := scanRow(rows, owner)
+		if err != nil {
+			rows.Close()
+			return nil, s.errf("claim (scan) from", err)
+		}
+		out = append(out, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, s.errf("claim from", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, s.errf("claim (commit) from", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
 // Claim implements [Store].
 func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease time.Duration, ordered bool) ([]Row, error) {
 	if limit <= 0 {
@@ -344,38 +403,7 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 		lock = " FOR UPDATE SKIP LOCKED"
 	}
 	if d.Name == sqldb.Postgres {
-		// One UPDATE … WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP
-		// LOCKED)) RETURNING: the ARRAY(…) makes the select an init plan,
-		// so the update probes the primary key for exactly the claimed ids
-		// instead of possibly hash-joining against a scan of the table.
-		from := s.asyncFrom
-		if ordered {
-			// A lease lost in a database crash could let another relay
-			// publish a later row of the key while this one still
-			// publishes the earlier: ordered claims stay synchronous.
-			from = ""
-		}
-		q := s.rebind(fmt.Sprintf(
-			"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1%[6]s WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ?%[4]s)) RETURNING %[5]s",
-			s.table, d.NowPlusMillis("?"), s.claimWhere(ordered), lock, s.cols(), from))
-		rows, err := s.db.Query(ctx, q, owner, leaseMS, limit)
-		if err != nil {
-			return nil, s.errf("claim from", err)
-		}
-		defer rows.Close()
-		var out []Row
-		for rows.Next() {
-			r, err := scanRow(rows, owner)
-			if err != nil {
-				return nil, s.errf("claim (scan) from", err)
-			}
-			out = append(out, r)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, s.errf("claim from", err)
-		}
-		sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-		return out, nil
+		return s.claimPostgres(ctx, owner, limit, leaseMS, ordered)
 	}
 
 	// MySQL in READ COMMITTED: no gap locks, so concurrent claims and

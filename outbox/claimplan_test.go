@@ -1,0 +1,66 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq/internal/sqltest"
+	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/outbox"
+)
+
+// A claim reads about as many pending-index entries as it claims, also
+// when the table's statistics are stale: a backlog committed since the
+// last ANALYZE (a relay that was down, a burst) made the planner expect a
+// few pending rows and read the whole backlog into a bitmap and sort it,
+// for every claim of 256 rows. The pending index's idx_tup_read, read
+// after the claiming pool is closed (its backends flush their counters
+// when they exit), tells which plan ran.
+func TestClaimDoesNotReadTheWholeBacklog(t *testing.T) {
+	be := sqltest.PostgresStd()
+	addr := be.NewDatabase(t)
+	ctx := context.Background()
+	admin, _ := be.Open(t, addr)
+	if _, err := outbox.NewStore(ctx, admin, outbox.StoreConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	// No autovacuum: its ANALYZE would hide the case (it starts within a
+	// minute of the inserts).
+	if _, err := admin.Exec(ctx, `ALTER TABLE idemq_outbox SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	const backlog, batch = 20000, 256
+	if _, err := admin.Exec(ctx, fmt.Sprintf(`INSERT INTO idemq_outbox (message_id, routing_key, body)
+		SELECT 'm-' || g, 'q', '\x00'::bytea FROM generate_series(1, %d) g`, backlog)); err != nil {
+		t.Fatal(err)
+	}
+	db, closeDB := be.Open(t, addr)
+	claimer, err := outbox.NewStore(ctx, db, outbox.StoreConfig{NoMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rows, err := claimer.Claim(ctx, "me", batch, time.Minute, false)
+		if err != nil || len(rows) != batch {
+			t.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+	}
+	closeDB()
+	var read int64
+	testenv.Eventually(t, 30*time.Second, "the claims' index statistics", func() bool {
+		err := admin.QueryRow(ctx, `SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+			WHERE relname = 'idemq_outbox' AND indexrelname LIKE '%pending%'`).Scan(&read)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return read > 0
+	})
+	// Three claims of 256: each walks past the rows claimed before it
+	// (at most 512), so ~2300 entries; the whole backlog thrice is 60000.
+	if read > 3*(3*batch)+1000 {
+		t.Fatalf("the claims read %d pending-index entries for %d rows claimed from a backlog of %d: the whole backlog per claim", read, 3*batch, backlog)
+	}
+	t.Logf("3 claims of %d read %d pending-index entries", batch, read)
+}
