@@ -67,6 +67,10 @@ type Publisher struct {
 	log     *slog.Logger
 	rec     Recorder
 	sem     chan struct{}
+	// semTurn, a lock that honours contexts, lets one batch at a time take
+	// its slots of sem: two batches each holding part of the window and
+	// waiting for the rest would never get it.
+	semTurn chan struct{}
 	brokers *brokers // URL failover (failover.go)
 
 	mu     sync.Mutex // guards cur and closed; held while (re)connecting
@@ -136,7 +140,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if rec == nil {
 		rec = nopRecorder{}
 	}
-	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight),
+	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight), semTurn: make(chan struct{}, 1),
 		brokers: newBrokers(cfg.URL, cfg.URLs)}, nil
 }
 
@@ -224,17 +228,11 @@ func (p *Publisher) publishSlice(ctx context.Context, msgs []Message, errs []err
 		}
 		p.rec.Add(GaugePublishInFlight, -int64(held))
 	}()
-	for range todo {
-		select {
-		case p.sem <- struct{}{}:
-			held++
-			p.rec.Add(GaugePublishInFlight, 1)
-		case <-ctx.Done():
-			for _, pm := range todo {
-				errs[pm.index] = fmt.Errorf("idemq: publish %q: %w", pm.msg.ID, ctx.Err())
-			}
-			return
+	if err := p.takeSlots(ctx, len(todo), &held); err != nil {
+		for _, pm := range todo {
+			errs[pm.index] = fmt.Errorf("idemq: publish %q: %w", pm.msg.ID, err)
 		}
+		return
 	}
 
 	for attempt := 0; len(todo) > 0; attempt++ {
@@ -279,6 +277,27 @@ func (p *Publisher) publishSlice(ctx context.Context, msgs []Message, errs []err
 			todo = append(todo, pm)
 		}
 	}
+}
+
+// takeSlots takes n slots of the in-flight window for a batch, counting
+// them in held (the caller gives them back), one batch at a time.
+func (p *Publisher) takeSlots(ctx context.Context, n int, held *int) error {
+	select {
+	case p.semTurn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-p.semTurn }()
+	for range n {
+		select {
+		case p.sem <- struct{}{}:
+			*held++
+			p.rec.Add(GaugePublishInFlight, 1)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // preparedPub is a message checked and made into its AMQP publishing,

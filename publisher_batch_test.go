@@ -170,3 +170,45 @@ func TestPublishBatchHonoursContext(t *testing.T) {
 		}
 	}
 }
+
+// Concurrent batches larger together than MaxInFlight take their slots of
+// the window one batch at a time: two batches each holding part of the
+// window and waiting for the rest would wait until their context ends.
+func TestPublishBatchesShareTheWindow(t *testing.T) {
+	testenv.RequireAMQP(t)
+	queue := testenv.Queue(t, nil)
+	p, err := idemq.NewPublisher(idemq.PublisherConfig{Logger: quietLogger(), Dial: testenv.Dial, MaxInFlight: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const senders, rounds, size = 6, 30, 8
+	errc := make(chan error, senders)
+	for s := range senders {
+		go func() {
+			for r := range rounds {
+				msgs := make([]idemq.Message, size)
+				for i := range msgs {
+					msgs[i] = idemq.Message{ID: fmt.Sprintf("w-%d-%d-%d", s, r, i), RoutingKey: queue}
+				}
+				for _, err := range p.PublishBatch(ctx, msgs) {
+					if err != nil {
+						errc <- err
+						return
+					}
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range senders {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(testenv.Drain(t, queue)); got != senders*rounds*size {
+		t.Fatalf("queue has %d messages, want %d", got, senders*rounds*size)
+	}
+}
