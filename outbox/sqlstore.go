@@ -364,27 +364,37 @@ func (s *SQLStore) claimPostgres(ctx context.Context, owner string, limit int, l
 	q := s.rebind(fmt.Sprintf(
 		"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ? FOR UPDATE SKIP LOCKED)) RETURNING %[4]s",
 		s.table, s.d.NowPlusMillis("?"), s.claimWhere(ordered), s.cols()))
-	rows, err := tx.Query(ctx, q, owner, leaseMS, limit)
+	out, err := s.claimed(ctx, tx, owner, 0, q, owner, leaseMS, limit)
 	if err != nil {
-		return nil, s.errf("claim from", err)
-	}
-	var out []Row
-	for rows.Next() {
-		r, err := scanRow(rows, owner)
-		if err != nil {
-			rows.Close()
-			return nil, s.errf("claim (scan) from", err)
-		}
-		out = append(out, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, s.errf("claim from", err)
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, s.errf("claim (commit) from", err)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// claimed runs a claim's query in tx and reads its rows, adding bump to
+// each row's attempts.
+func (s *SQLStore) claimed(ctx context.Context, tx sqldb.Tx, owner string, bump int, q string, args ...any) ([]Row, error) {
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, s.errf("claim from", err)
+	}
+	defer rows.Close()
+	var out []Row
+	for rows.Next() {
+		r, err := scanRow(rows, owner)
+		if err != nil {
+			return nil, s.errf("claim (scan) from", err)
+		}
+		r.Attempts += bump
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.errf("claim from", err)
+	}
 	return out, nil
 }
 
@@ -415,23 +425,11 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 	defer func() { _ = sqldb.Rollback(ctx, tx) }()
 	q := s.rebind(fmt.Sprintf("SELECT %s FROM %s c WHERE %s ORDER BY c.id LIMIT ?%s",
 		s.cols(), s.table, s.claimWhere(ordered), lock))
-	rows, err := tx.Query(ctx, q, limit)
+	// The UPDATE below increments attempts: the rows read before it are
+	// one attempt behind.
+	out, err := s.claimed(ctx, tx, owner, 1, q, limit)
 	if err != nil {
-		return nil, s.errf("claim from", err)
-	}
-	var out []Row
-	for rows.Next() {
-		r, err := scanRow(rows, owner)
-		if err != nil {
-			rows.Close()
-			return nil, s.errf("claim (scan) from", err)
-		}
-		r.Attempts++
-		out = append(out, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, s.errf("claim from", err)
+		return nil, err
 	}
 	if len(out) == 0 {
 		return nil, tx.Commit(ctx)
