@@ -27,9 +27,11 @@ func Redis(t testing.TB) (redis.UniversalClient, string) {
 		t.Fatalf("IDEMQ_REDIS_URL: %v", err)
 	}
 	c := redis.NewClient(opt)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
+	if err := Reachable(ReachWithin, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return c.Ping(ctx).Err()
+	}); err != nil {
 		c.Close()
 		Unavailable(t, "Redis", u, err)
 	}

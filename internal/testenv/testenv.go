@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -72,12 +74,36 @@ func Unavailable(t testing.TB, service, url string, err error) {
 func RequireAMQP(t testing.TB) string {
 	t.Helper()
 	u := AMQPURL()
-	conn, err := Dial(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	err := Reachable(ReachWithin, func() error {
+		conn, err := Dial(u, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	})
 	if err != nil {
 		Unavailable(t, "RabbitMQ", u, err)
 	}
-	conn.Close()
 	return u
+}
+
+// ReachWithin is how long [Reachable] keeps trying a service that answers
+// slowly: on a loaded 2-core machine (a whole test suite in parallel) a
+// broker has taken more than 3 s to complete an AMQP handshake.
+const ReachWithin = 30 * time.Second
+
+// Reachable runs try until it succeeds, it fails with a refused
+// connection (nothing listens: no retry, so a missing service fails at
+// once), or within has passed; it returns try's last error.
+func Reachable(within time.Duration, try func() error) error {
+	deadline := time.Now().Add(within)
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
+		err := try()
+		if err == nil || errors.Is(err, syscall.ECONNREFUSED) || time.Now().Add(pause).After(deadline) {
+			return err
+		}
+		time.Sleep(pause)
+	}
 }
 
 // Redact hides the password in a URL.
