@@ -63,10 +63,10 @@ func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
 // Publisher publishes with confirms, mandatory routing and retries. It is
 // safe for concurrent use; each publish waits only for its own confirm.
 type Publisher struct {
-	cfg     PublisherConfig
-	log     *slog.Logger
-	rec     Recorder
-	sem     chan struct{}
+	cfg PublisherConfig
+	log *slog.Logger
+	rec Recorder
+	sem chan struct{}
 	// semTurn, a lock that honours contexts, lets one batch at a time take
 	// its slots of sem: two batches each holding part of the window and
 	// waiting for the rest would never get it.

@@ -358,10 +358,19 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 	})
 	defer stopDrain()
 	results := make([]result, len(rows))
-	if bp, ok := r.cfg.Publisher.(BatchPublisher); ok {
-		r.publishBatch(pubCtx, bp, rows, results)
+	ok := make([]int, 0, len(rows)) // the rows that pass precheck
+	for i := range rows {
+		results[i].row = rows[i]
+		if reason := r.precheck(&results[i].row); reason != "" {
+			results[i].err = permanentErr(reason)
+			continue
+		}
+		ok = append(ok, i)
+	}
+	if bp, isBatch := r.cfg.Publisher.(BatchPublisher); isBatch {
+		r.publishBatch(pubCtx, bp, ok, results)
 	} else {
-		r.publishEach(pubCtx, rows, results)
+		r.publishEach(pubCtx, ok, results)
 	}
 
 	var sent []Row
@@ -386,42 +395,30 @@ func (r *Relay) process(ctx context.Context, rows []Row) {
 	}
 }
 
-// publishEach publishes every row that passes precheck with its own
-// Publish call, concurrently.
-func (r *Relay) publishEach(pubCtx context.Context, rows []Row, results []result) {
+// publishEach publishes the rows results[i] for i in which, each with its
+// own Publish call, concurrently.
+func (r *Relay) publishEach(pubCtx context.Context, which []int, results []result) {
 	var wg sync.WaitGroup
-	for i := range rows {
-		row := rows[i]
-		results[i].row = row
-		if reason := r.precheck(&row); reason != "" {
-			results[i].err = permanentErr(reason)
-			continue
-		}
+	for _, i := range which {
 		wg.Go(func() {
 			pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
 			defer cancel()
+			row := results[i].row
 			results[i].err = r.published(pubCtx, row, r.cfg.Publisher.Publish(pctx, rowMessage(row)))
 		})
 	}
 	wg.Wait()
 }
 
-// publishBatch publishes every row that passes precheck with one
+// publishBatch publishes the rows results[i] for i in which with one
 // PublishBatch call.
-func (r *Relay) publishBatch(pubCtx context.Context, bp BatchPublisher, rows []Row, results []result) {
-	msgs := make([]idemq.Message, 0, len(rows))
-	which := make([]int, 0, len(rows))
-	for i := range rows {
-		results[i].row = rows[i]
-		if reason := r.precheck(&results[i].row); reason != "" {
-			results[i].err = permanentErr(reason)
-			continue
-		}
-		msgs = append(msgs, rowMessage(results[i].row))
-		which = append(which, i)
-	}
-	if len(msgs) == 0 {
+func (r *Relay) publishBatch(pubCtx context.Context, bp BatchPublisher, which []int, results []result) {
+	if len(which) == 0 {
 		return
+	}
+	msgs := make([]idemq.Message, len(which))
+	for j, i := range which {
+		msgs[j] = rowMessage(results[i].row)
 	}
 	pctx, cancel := context.WithTimeout(pubCtx, r.cfg.PublishTimeout)
 	defer cancel()
