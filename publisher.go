@@ -186,7 +186,7 @@ func (p *Publisher) Publish(ctx context.Context, msg Message) error {
 		if err := pm.fits(pc); err != nil {
 			return err
 		}
-		if done, err := p.settle(ctx, pc, pm, pc.publish(ctx, pm.msg, pm.pub)); done {
+		if done, err := p.settle(ctx, pc, pm, pc.publish(ctx, pm)); done {
 			return err
 		}
 	}
@@ -305,9 +305,11 @@ func (p *Publisher) takeSlots(ctx context.Context, n int, held *int) error {
 type preparedPub struct {
 	msg       *Message
 	pub       amqp.Publishing
-	frameSize int
-	index     int // in the caller's batch
-	last      error
+	frameSize int // of the content header frame as usually sent
+	// seqFrameSize: the same with HeaderPublishSeq (see pubChannel.send).
+	seqFrameSize int
+	index        int // in the caller's batch
+	last         error
 }
 
 // prepare refuses what no retry can send (see Publish) and makes the
@@ -325,16 +327,19 @@ func (p *Publisher) prepare(msg *Message) (*preparedPub, error) {
 	for k, v := range msg.Headers {
 		pub.Headers[k] = v
 	}
-	// The value is set per attempt (pubChannel.send); its encoded size
-	// is the same whatever the value.
-	pub.Headers[HeaderPublishSeq] = int64(0)
+	// An attempt carries HeaderPublishSeq only when another publish of
+	// the same ID is in flight on its channel (pubChannel.send). A stale
+	// value the caller's headers carry (a republished delivery) is
+	// dropped here.
+	delete(pub.Headers, HeaderPublishSeq)
 	size, err := contentHeaderPayloadSize(&pub)
 	if err != nil {
 		// A property or key over 255 bytes: amqp091-go would fail after
 		// writing the method frame, breaking the connection.
 		return nil, fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
 	}
-	return &preparedPub{msg: msg, pub: pub, frameSize: size + frameOverhead}, nil
+	return &preparedPub{msg: msg, pub: pub, frameSize: size + frameOverhead,
+		seqFrameSize: size + seqHeaderSize(len(pub.Headers)) + frameOverhead}, nil
 }
 
 // fits refuses a message whose content header frame exceeds the
@@ -462,6 +467,7 @@ func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
 		log:      p.log,
 		frameMax: conn.Config.FrameSize, // negotiated in connection.tune; 0 means no limit
 		pending:  map[uint64]*pendingPub{},
+		byID:     map[string]uint64{},
 		dead:     make(chan struct{}),
 	}
 	// Returns must be read on an unbuffered channel by the same goroutine
@@ -477,6 +483,7 @@ func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
 
 type pendingPub struct {
 	done     chan error // buffered 1
+	id       string     // the message ID
 	returned *ReturnedError
 	// dc is the broker's own answer for this publish. amqp091-go's
 	// NotifyPublish (which the dispatcher reads, for the order of returns
@@ -520,11 +527,20 @@ type pubChannel struct {
 	pubMu   sync.Mutex             // serialises publishes on the channel
 	mu      sync.Mutex             // guards the fields below
 	pending map[uint64]*pendingPub // publish seq → publish awaiting its confirm
+	// byID maps a message ID to the seq of the publish in pending that
+	// was sent without HeaderPublishSeq: a return without the header is
+	// that publish's (see send).
+	byID    map[string]uint64
 	dead    chan struct{}
 	deadErr error
 }
 
 var errChannelLost = errors.New("idemq: channel lost before the confirm")
+
+// errIDInFlight: another publish of the message ID is in flight on the
+// channel, and the message's content header frame has no room left for
+// HeaderPublishSeq. A retry sends it once that publish is confirmed.
+var errIDInFlight = errors.New("idemq: another publish of this message ID awaits its confirm, and the header that would tell their returns apart does not fit frame_max")
 
 func (pc *pubChannel) isDead() bool {
 	select {
@@ -536,11 +552,11 @@ func (pc *pubChannel) isDead() bool {
 }
 
 // publish sends one attempt of msg and waits for its confirm. pub.Headers
-// is the publisher's own copy (never the caller's map): it gets this
-// attempt's sequence number.
-func (pc *pubChannel) publish(ctx context.Context, msg *Message, pub amqp.Publishing) error {
+// is the publisher's own copy (never the caller's map): send may set this
+// attempt's sequence number in it.
+func (pc *pubChannel) publish(ctx context.Context, pm *preparedPub) error {
 	pc.pubMu.Lock()
-	pp, err := pc.send(ctx, msg, pub)
+	pp, err := pc.send(ctx, pm)
 	pc.pubMu.Unlock()
 	if err != nil {
 		return err
@@ -561,7 +577,7 @@ func (pc *pubChannel) sendBatch(ctx context.Context, pms []*preparedPub) []sent 
 	pc.pubMu.Lock()
 	defer pc.pubMu.Unlock()
 	for i, pm := range pms {
-		out[i].pp, out[i].err = pc.send(ctx, pm.msg, pm.pub)
+		out[i].pp, out[i].err = pc.send(ctx, pm)
 	}
 	return out
 }
@@ -570,35 +586,64 @@ func (pc *pubChannel) sendBatch(ctx context.Context, pms []*preparedPub) []sent 
 // the caller, makes "next sequence number" and "publish" one step; mu (the
 // bookkeeping) is never held across a network write, so the dispatcher can
 // always take returns and confirms off the client's reader.
-func (pc *pubChannel) send(ctx context.Context, msg *Message, pub amqp.Publishing) (*pendingPub, error) {
-	pp := &pendingPub{done: make(chan error, 1)}
+func (pc *pubChannel) send(ctx context.Context, pm *preparedPub) (*pendingPub, error) {
+	msg, pub := pm.msg, pm.pub
+	pp := &pendingPub{done: make(chan error, 1), id: msg.ID}
 	pc.mu.Lock()
 	if pc.isDead() {
 		pc.mu.Unlock()
 		return nil, errChannelLost
 	}
 	seq := pc.ch.GetNextPublishSeqNo()
+	// A basic.return carries the message's properties and headers, so the
+	// dispatcher matches it by message ID. Only when another publish of
+	// this ID is in flight on the channel does this one carry its own
+	// sequence number (HeaderPublishSeq) to tell the two apart. Most
+	// publishes carry no header of idemq's: a header table costs the
+	// broker about a fifth of its publish rate (docs/BENCHMARKS.md).
+	_, shared := pc.byID[msg.ID]
+	if shared && pc.frameMax > 0 && pm.seqFrameSize > pc.frameMax {
+		// No room for the header: wait (the publisher's backoff) until
+		// the other publish of this ID is confirmed.
+		pc.mu.Unlock()
+		return nil, errIDInFlight
+	}
 	pc.pending[seq] = pp
+	if !shared {
+		pc.byID[msg.ID] = seq
+	}
 	pc.mu.Unlock()
-	pub.Headers[HeaderPublishSeq] = int64(seq)
+	if shared {
+		pub.Headers[HeaderPublishSeq] = int64(seq)
+	} else {
+		delete(pub.Headers, HeaderPublishSeq) // set by an earlier attempt
+	}
 	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
 	if err == nil && dc == nil {
 		err = errors.New("channel not in confirm mode")
 	}
 	if err != nil {
 		pc.mu.Lock()
-		delete(pc.pending, seq)
+		pc.forget(seq, pp)
 		pc.mu.Unlock()
 		return nil, fmt.Errorf("publish frame: %w", err)
 	}
 	pc.mu.Lock()
 	pp.dc = dc
 	if pp.notified && pc.pending[seq] == pp {
-		delete(pc.pending, seq)
+		pc.forget(seq, pp)
 		pp.done <- pp.result()
 	}
 	pc.mu.Unlock()
 	return pp, nil
+}
+
+// forget drops a publish from pending (and byID). Called with mu held.
+func (pc *pubChannel) forget(seq uint64, pp *pendingPub) {
+	delete(pc.pending, seq)
+	if s, ok := pc.byID[pp.id]; ok && s == seq {
+		delete(pc.byID, pp.id)
+	}
 }
 
 // await waits for the confirm of a publish sent.
@@ -621,10 +666,16 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 				returns = nil
 				continue
 			}
-			// The return carries the publish's own sequence number; the
-			// message ID may be shared by other publishes in flight.
+			// A return carries the publish's own sequence number when its
+			// message ID was shared by another publish in flight (send);
+			// otherwise the ID names it. The client hands a return over
+			// before the ack that follows it, so that publish is still
+			// pending here.
 			seq, ok := returnSeq(r.Headers)
 			pc.mu.Lock()
+			if !ok {
+				seq, ok = pc.byID[r.MessageId]
+			}
 			pp := pc.pending[seq]
 			if ok && pp != nil && pp.returned == nil {
 				pp.returned = &ReturnedError{MessageID: r.MessageId, Exchange: r.Exchange,
@@ -649,7 +700,7 @@ func (pc *pubChannel) dispatch(returns <-chan amqp.Return, confirms <-chan amqp.
 			case pp.dc == nil:
 				pp.notified = true // publish has not attached dc yet: it settles
 			default:
-				delete(pc.pending, c.DeliveryTag)
+				pc.forget(c.DeliveryTag, pp)
 				pp.done <- pp.result()
 			}
 			pc.mu.Unlock()
@@ -672,7 +723,7 @@ func (pc *pubChannel) fail(why error) {
 	}
 	for seq, pp := range pc.pending {
 		pp.done <- why
-		delete(pc.pending, seq)
+		pc.forget(seq, pp)
 	}
 }
 

@@ -135,3 +135,14 @@ func fieldSize(v any) (int, error) {
 	}
 	return 0, fmt.Errorf("value of type %T: %w", v, amqp.ErrFieldType)
 }
+
+// seqHeaderSize is what HeaderPublishSeq (an int64) adds to a content
+// header payload whose table holds n other headers: the entry, and the
+// table's length word when the table would otherwise be empty (not sent).
+func seqHeaderSize(n int) int {
+	size := 1 + len(HeaderPublishSeq) + 9
+	if n == 0 {
+		size += 4
+	}
+	return size
+}

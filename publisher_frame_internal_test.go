@@ -220,6 +220,22 @@ func TestContentHeaderPayloadSizeMatchesAMQP091(t *testing.T) {
 			if got != want {
 				t.Fatalf("computed %d bytes, amqp091-go wrote %d", got, want)
 			}
+			// What HeaderPublishSeq adds when send sets it.
+			bare, tagged := tc.pub, tc.pub
+			bare.Headers, tagged.Headers = amqp.Table{}, amqp.Table{HeaderPublishSeq: int64(1 << 40)}
+			for k, v := range tc.pub.Headers {
+				if k != HeaderPublishSeq {
+					bare.Headers[k], tagged.Headers[k] = v, v
+				}
+			}
+			without, err1 := w.size(bare)
+			with, err2 := w.size(tagged)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("amqp091-go: %v, %v", err1, err2)
+			}
+			if d := seqHeaderSize(len(bare.Headers)); with-without != d {
+				t.Fatalf("%s adds %d bytes, seqHeaderSize says %d", HeaderPublishSeq, with-without, d)
+			}
 		})
 	}
 }

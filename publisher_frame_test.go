@@ -180,17 +180,36 @@ func TestPublishHeadersNearFrameMax(t *testing.T) {
 			t.Fatalf("after case %d (%s): reconnects = %d, dials = %d; want 0 and 1", i, tc.name, n, d)
 		}
 	}
-	got := map[string]bool{}
-	for _, d := range testenv.Drain(t, queue) {
-		got[d.MessageId] = true
-	}
-	for _, id := range published {
-		if !got[id] {
-			t.Errorf("%s is not in the queue", id)
+	// Two publishes of one ID in flight at once, the frame exactly
+	// frame_max: the second has no room for HeaderPublishSeq (which tells
+	// their returns apart), so it waits for the first's confirm instead
+	// of sending a frame the broker refuses.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	twin := idemq.Message{ID: "twin-000", RoutingKey: queue, Body: []byte("twin"),
+		Headers: amqp.Table{"x-idemq-error": strings.Repeat("e", padFor(frameMax))}}
+	for i, err := range p.PublishBatch(ctx, []idemq.Message{twin, twin}) {
+		if err != nil {
+			t.Fatalf("twin %d: %v", i, err)
 		}
 	}
-	if len(got) != len(published)+1 { // + the probe
-		t.Fatalf("queue holds %d IDs, want %d: %v", len(got), len(published)+1, got)
+	if n, d := rec.Get(idemq.CountReconnects), dial.dials.Load(); n != 0 || d != 1 {
+		t.Fatalf("after the twins: reconnects = %d, dials = %d; want 0 and 1", n, d)
+	}
+	got := map[string]int{}
+	for _, d := range testenv.Drain(t, queue) {
+		got[d.MessageId]++
+	}
+	for _, id := range published {
+		if got[id] != 1 {
+			t.Errorf("%s is in the queue %d times, want once", id, got[id])
+		}
+	}
+	if got["twin-000"] != 2 {
+		t.Errorf("twin-000 is in the queue %d times, want twice", got["twin-000"])
+	}
+	if len(got) != len(published)+2 { // + the probe and the twins
+		t.Fatalf("queue holds %d IDs, want %d: %v", len(got), len(published)+2, got)
 	}
 }
 
