@@ -64,3 +64,60 @@ func TestClaimDoesNotReadTheWholeBacklog(t *testing.T) {
 	}
 	t.Logf("3 claims of %d read %d pending-index entries", batch, read)
 }
+
+// A claim's UPDATE (owner, lease, attempts: no indexed column) is a
+// heap-only tuple update: the new row version stays on its page and no
+// index gets a new entry. With the default fillfactor the pages rows were
+// inserted into were full, so every claim put each row's new version on
+// another page and added an entry to the primary key and the pending
+// index: about 40% of PostgreSQL's CPU per relayed row (docs/BENCHMARKS.md).
+// The table keeps half of each page free (migration 3).
+func TestClaimUpdatesStayOnTheirPage(t *testing.T) {
+	be := sqltest.PostgresStd()
+	addr := be.NewDatabase(t)
+	ctx := context.Background()
+	admin, _ := be.Open(t, addr)
+	store, err := outbox.NewStore(ctx, admin, outbox.StoreConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const backlog, batch = 4000, 256
+	body := make([]byte, 256)
+	for i := 0; i < backlog; i += 500 {
+		msgs := make([]outbox.Message, 0, 500)
+		for j := i; j < i+500; j++ {
+			msgs = append(msgs, outbox.Message{ID: fmt.Sprintf("m-%d", j), RoutingKey: "q", Body: body})
+		}
+		if err := store.Add(ctx, admin, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, closeDB := be.Open(t, addr)
+	claimer, err := outbox.NewStore(ctx, db, outbox.StoreConfig{NoMigrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed := 0
+	for range 4 {
+		rows, err := claimer.Claim(ctx, "me", batch, time.Minute, false)
+		if err != nil || len(rows) != batch {
+			t.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+		claimed += len(rows)
+	}
+	closeDB() // its backends flush their counters as they exit
+	var upd, hot int64
+	testenv.Eventually(t, 30*time.Second, "the claims' table statistics", func() bool {
+		err := admin.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'idemq_outbox'`).Scan(&upd, &hot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return upd >= int64(claimed)
+	})
+	// A page holds ~20 of these rows: a claim of all of a half-full page's
+	// rows may find no room for the last one or two.
+	if hot < int64(claimed)*8/10 {
+		t.Fatalf("%d of %d claimed rows were updated in place (HOT); want at least 80%%", hot, upd)
+	}
+	t.Logf("%d of %d claim updates were HOT", hot, upd)
+}

@@ -36,13 +36,37 @@ func indexExists(t *testing.T, db sqldb.DB, name string) bool {
 	return sqldbtest.Int(t, db, q, name) > 0
 }
 
-func wantStatus(t *testing.T, got []sqldb.SchemaStatus, applied, pending []int) {
+// wantStatus checks every schema is at version min(upTo, its latest),
+// the versions above it pending.
+func wantStatus(t *testing.T, got []sqldb.SchemaStatus, upTo int) {
 	t.Helper()
+	latest := map[string]int{}
+	for _, s := range schemas() {
+		latest[s.Component] = len(s.Migrations)
+	}
 	for _, s := range got {
+		var applied, pending []int
+		for v := 1; v <= latest[s.Component]; v++ {
+			if v <= upTo {
+				applied = append(applied, v)
+			} else {
+				pending = append(pending, v)
+			}
+		}
 		if !slices.Equal(s.Applied, applied) || !slices.Equal(s.Pending, pending) {
 			t.Fatalf("%s %s: applied %v pending %v, want %v and %v", s.Component, s.Table, s.Applied, s.Pending, applied, pending)
 		}
 	}
+}
+
+// allVersions is how many migrations the schemas have in all: the rows
+// of the version table once every one is applied.
+func allVersions() int64 {
+	var n int64
+	for _, s := range schemas() {
+		n += int64(len(s.Migrations))
+	}
+	return n
 }
 
 func testMigrations[T any](t *testing.T, b sqldbtest.Backend[T]) {
@@ -54,17 +78,17 @@ func testMigrations[T any](t *testing.T, b sqldbtest.Backend[T]) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantStatus(t, st, nil, []int{1, 2}) // no version table yet
+		wantStatus(t, st, 0) // no version table yet
 		// A database at version 1: the tables without their indexes.
 		st, err = sqldb.Up(ctx, db, 1, schemas()...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantStatus(t, st, []int{1}, []int{2})
+		wantStatus(t, st, 1)
 		if st, err = sqldb.Status(ctx, db, schemas()...); err != nil {
 			t.Fatal(err)
 		}
-		wantStatus(t, st, []int{1}, []int{2})
+		wantStatus(t, st, 1)
 		for _, ix := range indexes {
 			if indexExists(t, db, ix) {
 				t.Fatalf("index %s exists at version 1", ix)
@@ -74,14 +98,14 @@ func testMigrations[T any](t *testing.T, b sqldbtest.Backend[T]) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantStatus(t, st, []int{1, 2}, nil)
+		wantStatus(t, st, 99)
 		for _, ix := range indexes {
 			if !indexExists(t, db, ix) {
 				t.Fatalf("index %s missing after up", ix)
 			}
 		}
-		if n := sqldbtest.Int(t, db, "SELECT COUNT(*) FROM "+sqldb.VersionTable); n != 6 {
-			t.Fatalf("%d rows in %s, want 6", n, sqldb.VersionTable)
+		if n := sqldbtest.Int(t, db, "SELECT COUNT(*) FROM "+sqldb.VersionTable); n != allVersions() {
+			t.Fatalf("%d rows in %s, want %d", n, sqldb.VersionTable, allVersions())
 		}
 	})
 	t.Run("ConcurrentUpsDoNotCollide", func(t *testing.T) {
@@ -104,8 +128,8 @@ func testMigrations[T any](t *testing.T, b sqldbtest.Backend[T]) {
 			t.Fatal(err)
 		}
 		db, _ := b.Open(t, addr)
-		if n := sqldbtest.Int(t, db, "SELECT COUNT(*) FROM "+sqldb.VersionTable); n != 6 {
-			t.Fatalf("%d rows in %s, want 6: a migration applied twice or not at all", n, sqldb.VersionTable)
+		if n := sqldbtest.Int(t, db, "SELECT COUNT(*) FROM "+sqldb.VersionTable); n != allVersions() {
+			t.Fatalf("%d rows in %s, want %d: a migration applied twice or not at all", n, sqldb.VersionTable, allVersions())
 		}
 	})
 	t.Run("AdoptsTablesOfAnUnversionedRelease", func(t *testing.T) {
@@ -129,7 +153,7 @@ func testMigrations[T any](t *testing.T, b sqldbtest.Backend[T]) {
 		if err != nil {
 			t.Fatalf("up over existing tables: %v", err)
 		}
-		wantStatus(t, st, []int{1, 2}, nil)
+		wantStatus(t, st, 99)
 	})
 	t.Run("RefusesABadTable", func(t *testing.T) {
 		t.Parallel()

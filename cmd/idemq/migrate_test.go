@@ -10,9 +10,9 @@ import (
 )
 
 // TestMigrateCommand: on every dialect, `migrate up --target 1` leaves a
-// database at version 1, `status` reports version 2 pending, concurrent
-// `up`s bring it to the latest version once, and `status` then reports
-// nothing pending.
+// database at version 1, `status` reports the later versions pending,
+// concurrent `up`s bring it to the latest version once, and `status` then
+// reports nothing pending.
 func TestMigrateCommand(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -37,13 +37,13 @@ func TestMigrateCommand(t *testing.T) {
 				return st
 			}
 			for _, s := range status() {
-				if s.Version != 0 || len(s.Pending) != 2 {
+				if s.Version != 0 || len(s.Pending) != s.Latest || s.Latest < 2 {
 					t.Fatalf("fresh database: %+v", s)
 				}
 			}
 			mustRun(t, "", "migrate", "up", "--db", db, "--target", "1")
 			for _, s := range status() {
-				if s.Version != 1 || len(s.Pending) != 1 || s.Pending[0] != 2 || s.Latest != 2 {
+				if s.Version != 1 || len(s.Pending) != s.Latest-1 || s.Pending[0] != 2 {
 					t.Fatalf("at version 1: %+v", s)
 				}
 			}
@@ -57,7 +57,7 @@ func TestMigrateCommand(t *testing.T) {
 			}
 			wg.Wait()
 			for _, s := range status() {
-				if s.Version != 2 || len(s.Pending) != 0 || len(s.Applied) != 2 {
+				if s.Version != s.Latest || len(s.Pending) != 0 || len(s.Applied) != s.Latest {
 					t.Fatalf("after up: %+v", s)
 				}
 			}
