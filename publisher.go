@@ -323,15 +323,18 @@ func (p *Publisher) prepare(msg *Message) (*preparedPub, error) {
 		return nil, fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
 	}
 	pub := msg.publishing(time.Now())
-	pub.Headers = make(amqp.Table, len(msg.Headers)+1)
-	for k, v := range msg.Headers {
-		pub.Headers[k] = v
+	pub.Headers = nil
+	if len(msg.Headers) > 0 {
+		pub.Headers = make(amqp.Table, len(msg.Headers)+1)
+		for k, v := range msg.Headers {
+			pub.Headers[k] = v
+		}
+		// An attempt carries HeaderPublishSeq only when another publish
+		// of the same ID is in flight on its channel (pubChannel.send). A
+		// stale value the caller's headers carry (a republished delivery)
+		// is dropped here.
+		delete(pub.Headers, HeaderPublishSeq)
 	}
-	// An attempt carries HeaderPublishSeq only when another publish of
-	// the same ID is in flight on its channel (pubChannel.send). A stale
-	// value the caller's headers carry (a republished delivery) is
-	// dropped here.
-	delete(pub.Headers, HeaderPublishSeq)
 	size, err := contentHeaderPayloadSize(&pub)
 	if err != nil {
 		// A property or key over 255 bytes: amqp091-go would fail after
@@ -613,9 +616,12 @@ func (pc *pubChannel) send(ctx context.Context, pm *preparedPub) (*pendingPub, e
 		pc.byID[msg.ID] = seq
 	}
 	pc.mu.Unlock()
-	if shared {
+	switch {
+	case shared && pub.Headers == nil:
+		pub.Headers = amqp.Table{HeaderPublishSeq: int64(seq)} // this attempt's copy
+	case shared:
 		pub.Headers[HeaderPublishSeq] = int64(seq)
-	} else {
+	case pub.Headers != nil:
 		delete(pub.Headers, HeaderPublishSeq) // set by an earlier attempt
 	}
 	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
