@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"sort"
 	"sync"
 	"testing"
@@ -25,12 +26,13 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 // openOutbox opens a database/sql pool (pgx/v5/stdlib) on dsn and a
 // migrated outbox store on it that LISTENs for new rows.
-func openOutbox(b *testing.B, dsn string) (*outbox.SQLStore, *sql.DB) {
+func openOutbox(b *testing.B, dsn string, cfg outbox.StoreConfig) (*outbox.SQLStore, *sql.DB) {
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		b.Fatal(err)
 	}
-	s, err := outbox.NewStore(context.Background(), postgres.Std(db), outbox.StoreConfig{Listen: postgres.Listener(dsn)})
+	cfg.Listen = postgres.Listener(dsn)
+	s, err := outbox.NewStore(context.Background(), postgres.Std(db), cfg)
 	if err != nil {
 		db.Close()
 		b.Fatal(err)
@@ -41,15 +43,15 @@ func openOutbox(b *testing.B, dsn string) (*outbox.SQLStore, *sql.DB) {
 // outboxStore opens a migrated outbox store on a fresh database.
 func outboxStore(b *testing.B, name string) (*outbox.SQLStore, *sql.DB, string) {
 	dsn := createDB(b, name)
-	s, db := openOutbox(b, dsn)
+	s, db := openOutbox(b, dsn, outbox.StoreConfig{})
 	b.Cleanup(func() { db.Close() })
 	return s, db, dsn
 }
 
 // startRelay runs one relay process-alike (its own pool, LISTEN connection
 // and publisher) until the case ends.
-func startRelay(b *testing.B, dsn string, cfg outbox.RelayConfig) {
-	s, db := openOutbox(b, dsn)
+func startRelay(b *testing.B, dsn string, scfg outbox.StoreConfig, cfg outbox.RelayConfig) {
+	s, db := openOutbox(b, dsn, scfg)
 	pub, err := idemq.NewPublisher(idemq.PublisherConfig{URL: amqpURL(), Logger: quiet()})
 	if err != nil {
 		b.Fatal(err)
@@ -71,9 +73,19 @@ func startRelay(b *testing.B, dsn string, cfg outbox.RelayConfig) {
 // configuration; rows/s from the relays' start to the last row marked.
 // Compare with Publish/raw-confirm-window-256 of the same run.
 func BenchmarkRelay(b *testing.B) {
-	for _, relays := range []int{1, 3} {
-		b.Run(fmt.Sprintf("throughput-relays-%d", relays), func(b *testing.B) {
-			store, db, dsn := outboxStore(b, fmt.Sprintf("idemq_bench_relay_%d", relays))
+	for _, c := range []struct {
+		relays     int
+		deleteSent bool
+	}{{1, false}, {3, false}, {1, true}} {
+		relays := c.relays
+		name := fmt.Sprintf("throughput-relays-%d", relays)
+		if c.deleteSent {
+			// StoreConfig.DeleteSent: the row deleted once published
+			// instead of marked sent.
+			name += "-delete-sent"
+		}
+		b.Run(name, func(b *testing.B) {
+			store, db, dsn := outboxStore(b, fmt.Sprintf("idemq_bench_relay_%d_%v", relays, c.deleteSent))
 			q := freshQueue(b, fmt.Sprintf("idemq.bench.relay.%d", relays))
 			ctx := context.Background()
 			body := make([]byte, BodySize)
@@ -103,7 +115,7 @@ func BenchmarkRelay(b *testing.B) {
 			start := time.Now()
 			for i := 0; i < relays; i++ {
 				// The README's configuration: every relay setting at its default.
-				startRelay(b, dsn, outbox.RelayConfig{Recorder: &rec})
+				startRelay(b, dsn, outbox.StoreConfig{DeleteSent: c.deleteSent}, outbox.RelayConfig{Recorder: &rec})
 			}
 			deadline := time.Now().Add(10 * time.Minute)
 			for rec.Get(outbox.CountRelayPublished) < int64(b.N) {
@@ -115,8 +127,12 @@ func BenchmarkRelay(b *testing.B) {
 			el := time.Since(start)
 			cpu := cpuSeconds() - cpu0
 			b.StopTimer()
-			if m, err := store.Count(ctx); err != nil || m[outbox.StateSent] != int64(b.N) {
-				b.Fatalf("counts %v (%v), want %d sent", m, err, b.N)
+			want := map[outbox.State]int64{outbox.StateSent: int64(b.N)}
+			if c.deleteSent {
+				want = map[outbox.State]int64{}
+			}
+			if m, err := store.Count(ctx); err != nil || !maps.Equal(m, want) {
+				b.Fatalf("counts %v (%v), want %v", m, err, want)
 			}
 			if got := queueDepth(b, q); got != b.N {
 				b.Fatalf("queue holds %d messages, want %d", got, b.N)
@@ -145,7 +161,7 @@ func latencyCase(b *testing.B, name string, cfg outbox.RelayConfig) {
 		q := freshQueue(b, "idemq.bench.relay."+name)
 		ctx := context.Background()
 		cfg.Retention = -1
-		startRelay(b, dsn, cfg)
+		startRelay(b, dsn, outbox.StoreConfig{}, cfg)
 		conn := dial(b)
 		b.Cleanup(func() { conn.Close() })
 		ch, err := conn.Channel()

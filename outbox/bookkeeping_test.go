@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -80,20 +81,22 @@ func TestBookkeepingCommitsAsync(t *testing.T) {
 	const async = "set_config('synchronous_commit', 'off', true)"
 	for _, c := range []struct {
 		name                           string
-		sync                           bool
+		sync, deleteSent               bool
 		claimAsync, ordered, markAsync bool
 	}{
 		{name: "default", claimAsync: true, markAsync: true},
 		{name: "default ordered", ordered: true, claimAsync: false, markAsync: true},
 		{name: "SyncBookkeeping", sync: true},
 		{name: "SyncBookkeeping ordered", sync: true, ordered: true},
+		{name: "DeleteSent", deleteSent: true, claimAsync: true, markAsync: true},
+		{name: "DeleteSent SyncBookkeeping", deleteSent: true, sync: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := sqltest.PostgresStd()
 			db, _ := be.Open(t, be.NewDatabase(t))
 			log := &statementLog{DB: db}
 			ctx := context.Background()
-			store, err := outbox.NewStore(ctx, log, outbox.StoreConfig{SyncBookkeeping: c.sync})
+			store, err := outbox.NewStore(ctx, log, outbox.StoreConfig{SyncBookkeeping: c.sync, DeleteSent: c.deleteSent})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,8 +118,12 @@ func TestBookkeepingCommitsAsync(t *testing.T) {
 			if got := strings.Contains(log.since(n), async); got != c.markAsync {
 				t.Errorf("mark commits async: %v, want %v (%s)", got, c.markAsync, log.since(n))
 			}
-			if n, err := store.Count(ctx); err != nil || n[outbox.StateSent] != 1 {
-				t.Fatalf("counts %v (%v), want 1 sent", n, err)
+			want := map[outbox.State]int64{outbox.StateSent: 1}
+			if c.deleteSent {
+				want = map[outbox.State]int64{} // the row is gone
+			}
+			if n, err := store.Count(ctx); err != nil || !maps.Equal(n, want) {
+				t.Fatalf("counts %v (%v), want %v", n, err, want)
 			}
 		})
 	}

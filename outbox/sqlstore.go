@@ -47,6 +47,14 @@ type StoreConfig struct {
 	// Add writes commit with your transaction's own setting; claims of an
 	// Ordered relay, Retry and Fail are always synchronous.
 	SyncBookkeeping bool
+	// DeleteSent makes MarkSent delete a row once its confirm arrived
+	// instead of keeping it as sent for the relay's Retention. Default
+	// false. It is the cheapest bookkeeping: on PostgreSQL about a third
+	// less database CPU per relayed row than marking it, and nothing left
+	// for the purge (docs/BENCHMARKS.md). The table then holds only the
+	// pending and failed rows: `idemq outbox` and the console show no sent
+	// ones, and [SQLStore.Count] reports none.
+	DeleteSent bool
 }
 
 // SQLStore implements [Store], [FailedRows] and [Waker] over idemq's SQL
@@ -468,6 +476,17 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 		return nil
 	}
 	in, args := s.idList(ids)
+	if s.cfg.DeleteSent {
+		using := ""
+		if s.asyncFrom != "" {
+			using = " USING" + strings.TrimPrefix(s.asyncFrom, " FROM")
+		}
+		q := s.rebind(fmt.Sprintf("DELETE FROM %s%s WHERE state = 'pending' AND id %s", s.table, using, in))
+		if _, err := s.db.Exec(ctx, q, args...); err != nil {
+			return s.errf("delete sent from", err)
+		}
+		return nil
+	}
 	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL%s WHERE state = 'pending' AND id %s",
 		s.table, s.d.Now, s.asyncFrom, in))
 	if _, err := s.db.Exec(ctx, q, args...); err != nil {

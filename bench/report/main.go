@@ -452,6 +452,11 @@ func targets(runs map[string][]sample) string {
 		if v3, ok := med("Relay/throughput-relays-3", "rows/s"); ok {
 			row("three relays ≥ one (5% for noise)", v3/v, 0.95, "Relay/throughput-relays-3 vs Relay/throughput-relays-1")
 		}
+		if pub, ok := med("Publish/raw-confirm-window-256", "msgs/s"); ok {
+			if vd, ok := med("Relay/throughput-relays-1-delete-sent", "rows/s"); ok {
+				rows = append(rows, fmt.Sprintf("| relay (1 process) with StoreConfig.DeleteSent against raw confirmed publishing (for reference) | %.2f× (Relay/throughput-relays-1-delete-sent vs Publish/raw-confirm-window-256) | — |", vd/pub))
+			}
+		}
 	}
 	if plain, ok := med("ConsumeObserved/idemq-noop-plain", "msgs/s"); ok {
 		if v, ok := med("ConsumeObserved/idemq-noop-metrics-tracing-1pct", "msgs/s"); ok {

@@ -65,9 +65,10 @@ func openDB(ctx context.Context, d relayDB) (sqldb.DB, func(), error) {
 }
 
 // openStore returns the outbox store on db, migrating unless noMigrate;
-// on PostgreSQL it LISTENs for new rows.
-func openStore(ctx context.Context, d relayDB, db sqldb.DB, table string, noMigrate bool) (*outbox.SQLStore, error) {
-	cfg := outbox.StoreConfig{Table: table, NoMigrate: noMigrate}
+// on PostgreSQL it LISTENs for new rows. deleteSent: published rows are
+// deleted instead of marked sent (outbox.StoreConfig.DeleteSent).
+func openStore(ctx context.Context, d relayDB, db sqldb.DB, table string, noMigrate, deleteSent bool) (*outbox.SQLStore, error) {
+	cfg := outbox.StoreConfig{Table: table, NoMigrate: noMigrate, DeleteSent: deleteSent}
 	if d.dialect == "postgres" {
 		cfg.Listen = postgres.Listener(d.dsn)
 	}

@@ -17,7 +17,7 @@ func testStore(ctx context.Context, t *testing.T, d relayDB) (*outbox.SQLStore, 
 		t.Fatal(err)
 	}
 	t.Cleanup(closeDB)
-	store, err := openStore(ctx, d, db, outbox.DefaultTable, false)
+	store, err := openStore(ctx, d, db, outbox.DefaultTable, false, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ type relayFlags struct {
 	retention, purgeInterval   time.Duration
 	statsInterval, logInterval time.Duration
 	noNotify, ordered          bool
-	noMigrate                  bool
+	noMigrate, deleteSent      bool
 	logLevel, logFormat        string
 }
 
@@ -84,6 +84,7 @@ secret parameters never reach the logs or errors.`,
 	fl.BoolVar(&f.ordered, "ordered", false, "publish the messages of one ordering key one at a time, in order")
 	fl.IntVar(&f.maxAttempts, "max-attempts", 10, "attempts before a row is marked failed")
 	fl.DurationVar(&f.retention, "retention", 24*time.Hour, "keep sent rows this long (negative: forever)")
+	fl.BoolVar(&f.deleteSent, "delete-sent", false, "delete a row once published instead of keeping it as sent for --retention (less database work per row)")
 	fl.DurationVar(&f.purgeInterval, "purge-interval", time.Minute, "interval between purges")
 	fl.DurationVar(&f.statsInterval, "stats-interval", 5*time.Second, "interval between lag refreshes")
 	fl.DurationVar(&f.logInterval, "log-interval", time.Minute, "interval between counter log lines (0: only at exit)")
@@ -291,7 +292,7 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 		return err
 	}
 	defer closeDB()
-	store, err := openStore(ctx, d, db, f.table, f.noMigrate)
+	store, err := openStore(ctx, d, db, f.table, f.noMigrate, f.deleteSent)
 	if err != nil {
 		return err
 	}

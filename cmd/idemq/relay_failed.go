@@ -164,7 +164,7 @@ func withOutbox(cmd *cobra.Command, f relayRowFlags, fn func(context.Context, *o
 		return err
 	}
 	defer closeDB()
-	store, err := openStore(ctx, d, db, f.table, true) // operator tools change no schema
+	store, err := openStore(ctx, d, db, f.table, true, false) // operator tools change no schema
 	if err != nil {
 		return err
 	}

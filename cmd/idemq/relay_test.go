@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -89,8 +90,17 @@ func (s *syncBuffer) String() string {
 }
 
 // TestRelayCommandSQLite runs the command in process against SQLite and
-// stops it by cancelling its context, as main's signal context does.
+// stops it by cancelling its context, as main's signal context does; with
+// --delete-sent the published rows are gone, without it they are sent.
 func TestRelayCommandSQLite(t *testing.T) {
+	for _, deleteSent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "marks-sent", true: "delete-sent"}[deleteSent], func(t *testing.T) {
+			testRelayCommandSQLite(t, deleteSent)
+		})
+	}
+}
+
+func testRelayCommandSQLite(t *testing.T, deleteSent bool) {
 	amqpURL := testenv.RequireAMQP(t)
 	path := testenv.SQLitePath(t)
 	q := testenv.Queue(t, nil)
@@ -107,7 +117,11 @@ func TestRelayCommandSQLite(t *testing.T) {
 	var logs syncBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
-	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", amqpURL, "--log-format", "json"})
+	args := []string{"relay", "--db", "sqlite://" + path, "--amqp", amqpURL, "--log-format", "json"}
+	if deleteSent {
+		args = append(args, "--delete-sent")
+	}
+	cmd.SetArgs(args)
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(rctx) }()
@@ -148,6 +162,13 @@ func TestRelayCommandSQLite(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "guest:guest") {
 		t.Fatalf("password in logs:\n%s", logs.String())
+	}
+	want := map[outbox.State]int64{outbox.StateSent: 3}
+	if deleteSent {
+		want = map[outbox.State]int64{}
+	}
+	if c, err := store.Count(ctx); err != nil || !maps.Equal(c, want) {
+		t.Fatalf("rows by state %v (%v), want %v", c, err, want)
 	}
 }
 

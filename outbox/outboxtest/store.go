@@ -33,6 +33,7 @@ func Run[T any](t *testing.T, b sqldbtest.Backend[T], f Features) {
 		{"OrderedClaimHoldsBackTheKey", orderedClaim, false},
 		{"FailedRowsBlockAndRelease", failedRows, false},
 		{"PurgeDeletesOldSentRows", storePurge, false},
+		{"DeleteSentRemovesPublishedRows", deleteSent, false},
 		{"HeadersRoundTrip", headersRoundTrip, false},
 	}
 	for _, c := range cases {
@@ -327,6 +328,34 @@ func storePurge(t *testing.T, s suite) {
 	})
 	if c := e.counts(); c[outbox.StateSent] != 0 || c[outbox.StatePending] != 1 {
 		t.Fatalf("counts %v", c)
+	}
+}
+
+// With StoreConfig.DeleteSent, MarkSent deletes the pending rows it is
+// given and nothing else: a failed row stays, a row marked twice (a
+// relay's lease ran out while it published) is no error.
+func deleteSent(t *testing.T, s suite) {
+	e := setupDB(t, s)
+	store, _ := s.openCfg(t, e.dsn, outbox.StoreConfig{Table: e.table, DeleteSent: true})
+	e.addN("d", 4, 4)
+	rows, err := store.Claim(tctx(t), "r", 4, time.Minute, false)
+	if err != nil || len(rows) != 4 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	if err := store.Fail(tctx(t), "r", rows[3].ID, "unroutable"); err != nil {
+		t.Fatal(err)
+	}
+	sent := []int64{rows[0].ID, rows[1].ID, rows[3].ID}
+	for range 2 {
+		if err := store.MarkSent(tctx(t), sent); err != nil {
+			t.Fatalf("MarkSent: %v", err)
+		}
+	}
+	if c := e.counts(); c[outbox.StateSent] != 0 || c[outbox.StatePending] != 1 || c[outbox.StateFailed] != 1 {
+		t.Fatalf("counts %v, want 1 pending (leased), 1 failed and no sent row", c)
+	}
+	if n, err := store.Purge(tctx(t), 0, 10); err != nil || n != 0 {
+		t.Fatalf("Purge = %d, %v; want nothing to purge", n, err)
 	}
 }
 

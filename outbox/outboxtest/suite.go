@@ -41,34 +41,40 @@ type suite struct {
 	name  string
 	newDB func(t testing.TB) string
 	open  func(t testing.TB, dsn, table string) (*outbox.SQLStore, inTx)
-	f     Features
+	// openCfg opens a store with cfg (its Table set by the caller).
+	openCfg func(t testing.TB, dsn string, cfg outbox.StoreConfig) (*outbox.SQLStore, inTx)
+	f       Features
 }
 
 func newSuite[T any](b sqldbtest.Backend[T], f Features) suite {
-	return suite{
-		name:  b.Name,
-		newDB: b.NewDatabase,
-		f:     f,
-		open: func(t testing.TB, dsn, table string) (*outbox.SQLStore, inTx) {
-			db, _ := b.Open(t, dsn)
-			store, err := outbox.NewStore(tctx(t), db, outbox.StoreConfig{Table: table})
+	openCfg := func(t testing.TB, dsn string, cfg outbox.StoreConfig) (*outbox.SQLStore, inTx) {
+		db, _ := b.Open(t, dsn)
+		store, err := outbox.NewStore(tctx(t), db, cfg)
+		if err != nil {
+			t.Fatalf("outbox.NewStore: %v", err)
+		}
+		return store, func(ctx context.Context, commit bool, fn func(sqldb.Querier) error) error {
+			native, tx, err := db.BeginNative(ctx)
 			if err != nil {
-				t.Fatalf("outbox.NewStore: %v", err)
+				return err
 			}
-			return store, func(ctx context.Context, commit bool, fn func(sqldb.Querier) error) error {
-				native, tx, err := db.BeginNative(ctx)
-				if err != nil {
-					return err
-				}
-				if err := fn(b.Tx(native)); err != nil {
-					_ = sqldb.Rollback(ctx, tx)
-					return err
-				}
-				if !commit {
-					return tx.Rollback(ctx)
-				}
-				return tx.Commit(ctx)
+			if err := fn(b.Tx(native)); err != nil {
+				_ = sqldb.Rollback(ctx, tx)
+				return err
 			}
+			if !commit {
+				return tx.Rollback(ctx)
+			}
+			return tx.Commit(ctx)
+		}
+	}
+	return suite{
+		name:    b.Name,
+		newDB:   b.NewDatabase,
+		f:       f,
+		openCfg: openCfg,
+		open: func(t testing.TB, dsn, table string) (*outbox.SQLStore, inTx) {
+			return openCfg(t, dsn, outbox.StoreConfig{Table: table})
 		},
 	}
 }
