@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -305,11 +306,9 @@ func (p *Publisher) takeSlots(ctx context.Context, n int, held *int) error {
 type preparedPub struct {
 	msg       *Message
 	pub       amqp.Publishing
-	frameSize int // of the content header frame as usually sent
-	// seqFrameSize: the same with HeaderPublishSeq (see pubChannel.send).
-	seqFrameSize int
-	index        int // in the caller's batch
-	last         error
+	frameSize int // of the content header frame, without HeaderPublishSeq
+	index     int // in the caller's batch
+	last      error
 }
 
 // prepare refuses what no retry can send (see Publish) and makes the
@@ -341,8 +340,7 @@ func (p *Publisher) prepare(msg *Message) (*preparedPub, error) {
 		// writing the method frame, breaking the connection.
 		return nil, fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
 	}
-	return &preparedPub{msg: msg, pub: pub, frameSize: size + frameOverhead,
-		seqFrameSize: size + seqHeaderSize(len(pub.Headers)) + frameOverhead}, nil
+	return &preparedPub{msg: msg, pub: pub, frameSize: size + frameOverhead}, nil
 }
 
 // fits refuses a message whose content header frame exceeds the
@@ -554,9 +552,7 @@ func (pc *pubChannel) isDead() bool {
 	}
 }
 
-// publish sends one attempt of msg and waits for its confirm. pub.Headers
-// is the publisher's own copy (never the caller's map): send may set this
-// attempt's sequence number in it.
+// publish sends one attempt of pm and waits for its confirm.
 func (pc *pubChannel) publish(ctx context.Context, pm *preparedPub) error {
 	pc.pubMu.Lock()
 	pp, err := pc.send(ctx, pm)
@@ -605,7 +601,7 @@ func (pc *pubChannel) send(ctx context.Context, pm *preparedPub) (*pendingPub, e
 	// publishes carry no header of idemq's: a header table costs the
 	// broker about a fifth of its publish rate (docs/BENCHMARKS.md).
 	_, shared := pc.byID[msg.ID]
-	if shared && pc.frameMax > 0 && pm.seqFrameSize > pc.frameMax {
+	if shared && pc.frameMax > 0 && pm.frameSize+seqHeaderSize(len(pub.Headers)) > pc.frameMax {
 		// No room for the header: wait (the publisher's backoff) until
 		// the other publish of this ID is confirmed.
 		pc.mu.Unlock()
@@ -616,13 +612,12 @@ func (pc *pubChannel) send(ctx context.Context, pm *preparedPub) (*pendingPub, e
 		pc.byID[msg.ID] = seq
 	}
 	pc.mu.Unlock()
-	switch {
-	case shared && pub.Headers == nil:
-		pub.Headers = amqp.Table{HeaderPublishSeq: int64(seq)} // this attempt's copy
-	case shared:
-		pub.Headers[HeaderPublishSeq] = int64(seq)
-	case pub.Headers != nil:
-		delete(pub.Headers, HeaderPublishSeq) // set by an earlier attempt
+	if shared {
+		// This attempt's own table: pm's stays without the header.
+		h := make(amqp.Table, len(pub.Headers)+1)
+		maps.Copy(h, pub.Headers)
+		h[HeaderPublishSeq] = int64(seq)
+		pub.Headers = h
 	}
 	dc, err := pc.ch.PublishWithDeferredConfirmWithContext(ctx, msg.Exchange, msg.RoutingKey, true, false, pub)
 	if err == nil && dc == nil {

@@ -68,10 +68,10 @@ type SQLStore struct {
 	table string // quoted
 
 	insertSQL, notifySQL string
-	// asyncFrom is the FROM clause that turns synchronous_commit off for
-	// the statement's transaction ("" when SyncBookkeeping or not
-	// PostgreSQL).
-	asyncFrom string
+	// async is the relation that turns synchronous_commit off for the
+	// statement's transaction, for a mark's FROM or USING clause (""
+	// when SyncBookkeeping or not PostgreSQL).
+	async string
 }
 
 // NewStore returns the outbox store on db (postgres.Pgx(pool),
@@ -104,7 +104,7 @@ func NewStore(ctx context.Context, db sqldb.DB, cfg StoreConfig) (*SQLStore, err
 			// set_config(…, true) lasts until the end of the statement's
 			// own (implicit) transaction, whose commit then skips the
 			// WAL flush wait.
-			s.asyncFrom = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS idemq_async"
+			s.async = "(SELECT set_config('synchronous_commit', 'off', true)) AS idemq_async"
 		}
 	}
 	s.insertSQL = d.Rebind(fmt.Sprintf(
@@ -367,7 +367,7 @@ const claimSettings = "SELECT set_config('enable_bitmapscan', 'off', true)"
 // hash-joining against a scan of the table.
 func (s *SQLStore) claimPostgres(ctx context.Context, owner string, limit int, leaseMS int64, ordered bool) ([]Row, error) {
 	settings := claimSettings
-	if s.asyncFrom != "" && !ordered {
+	if s.async != "" && !ordered {
 		// A lease lost in a database crash could let another relay
 		// publish a later row of the key while this one still publishes
 		// the earlier: ordered claims stay synchronous.
@@ -478,8 +478,8 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 	in, args := s.idList(ids)
 	if s.cfg.DeleteSent {
 		using := ""
-		if s.asyncFrom != "" {
-			using = " USING" + strings.TrimPrefix(s.asyncFrom, " FROM")
+		if s.async != "" {
+			using = " USING " + s.async
 		}
 		q := s.rebind(fmt.Sprintf("DELETE FROM %s%s WHERE state = 'pending' AND id %s", s.table, using, in))
 		if _, err := s.db.Exec(ctx, q, args...); err != nil {
@@ -487,8 +487,12 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 		}
 		return nil
 	}
+	from := ""
+	if s.async != "" {
+		from = " FROM " + s.async
+	}
 	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL%s WHERE state = 'pending' AND id %s",
-		s.table, s.d.Now, s.asyncFrom, in))
+		s.table, s.d.Now, from, in))
 	if _, err := s.db.Exec(ctx, q, args...); err != nil {
 		return s.errf("mark sent in", err)
 	}
