@@ -100,8 +100,10 @@ type batch[T any] struct {
 // inside the batch's transaction tx with the deliveries whose inbox rows
 // that transaction inserted (in (group, message ID) order, never empty),
 // and must do all its database work through tx — a multi-row statement for
-// the whole slice is what makes it cheaper than a [HandlerFunc] per
-// delivery. It must not commit or roll back tx. ctx is the batch's: the
+// the whole slice, or a statement per delivery sent as one pipeline (pgx:
+// queued in a pgx.Batch, see ExampleInbox_BatchFunc_pipeline), is what
+// makes it cheaper than a [HandlerFunc] per delivery, whose statements
+// cost a round trip each. It must not commit or roll back tx. ctx is the batch's: the
 // first delivery's context without its cancellation.
 //
 // A nil return commits every delivery of the slice. An error or a panic

@@ -179,3 +179,34 @@ func ExampleInbox_BatchFunc() {
 	// processed: 3 duplicates: 1
 	// balance: 30
 }
+
+// A statement per delivery without a round trip per delivery: the batch
+// handler queues each delivery's statement in a pgx.Batch and sends them
+// as one pipeline. A failed statement fails SendBatch's Close, the batch
+// rolls back and runs again per delivery, so only the delivery whose
+// statement failed goes to the failure policy.
+func ExampleInbox_BatchFunc_pipeline() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
+	defer cancel()
+	env := newExampleEnv(ctx)
+	defer env.close()
+
+	ib, err := inbox.New(ctx, postgres.Pgx(env.pool), inbox.Config{Table: env.ibox})
+	if err != nil {
+		log.Fatal(err)
+	}
+	batch := ib.BatchFunc(func(ctx context.Context, tx pgx.Tx, ds []*idemq.Delivery) error {
+		q := &pgx.Batch{}
+		for _, d := range ds {
+			q.Queue(`UPDATE `+env.accounts+` SET balance = balance + $1 WHERE id = 'a-1'`, string(d.Body))
+		}
+		return tx.SendBatch(ctx, q).Close() // one round trip; the first failed statement's error
+	}, inbox.BatchConfig{Size: 50, Concurrency: 4})
+
+	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
+	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
+	fmt.Println("balance:", env.balance(ctx))
+	// Output:
+	// processed: 3 duplicates: 1
+	// balance: 30
+}

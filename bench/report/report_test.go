@@ -240,3 +240,27 @@ func TestParseScaleTwoProcesses(t *testing.T) {
 		t.Fatalf("the section does not tell the processes apart:\n%s", md)
 	}
 }
+
+// TestTargetsInboxRows: each inbox target row takes its own cases, so a
+// faster pipelined batch handler does not stand in for the one-statement
+// row, nor a batch handler for the per-delivery row.
+func TestTargetsInboxRows(t *testing.T) {
+	rate := func(v float64) []sample { return []sample{{"msgs/s": v}} }
+	runs := map[string][]sample{
+		"Consume/raw-ack-each":                              rate(20000),
+		"Inbox/idemq-inbox-postgres-batch-10":               rate(9000),
+		"Inbox/idemq-inbox-postgres-batch-50":               rate(10000),
+		"Inbox/idemq-inbox-postgres-batchfunc-50":           rate(13000),
+		"Inbox/idemq-inbox-postgres-batchfunc-pipelined-50": rate(16000),
+	}
+	got := targets(runs)
+	for _, want := range []string{
+		"| batched inbox ≥ 0.7× raw ack-each (best batch size; a statement and a round trip per delivery) | 0.50× (Inbox/idemq-inbox-postgres-batch-50) | no |",
+		"| batched inbox, a statement per delivery in one pipeline (BatchFunc + pgx.Batch) ≥ 0.7× raw ack-each | 0.80× (Inbox/idemq-inbox-postgres-batchfunc-pipelined-50) | yes |",
+		"| batched inbox, one effect statement per batch (BatchFunc) ≥ 0.7× raw ack-each | 0.65× (Inbox/idemq-inbox-postgres-batchfunc-50) | no |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("targets lack %q:\n%s", want, got)
+		}
+	}
+}
