@@ -241,6 +241,7 @@ func BenchmarkRedisTuning(b *testing.B) {
 		{"redis-w128", false, 0, consumerOpts{Workers: 128}},
 		{"redis-w64-prefetch500", false, 0, consumerOpts{Workers: 64, Prefetch: 500}},
 		{"redis-w128-prefetch500", false, 0, consumerOpts{Workers: 128, Prefetch: 500}},
+		{"redis-w256-prefetch1000", false, 0, consumerOpts{Workers: 256, Prefetch: 1000}},
 		{"redis-two-round-trips", false, 0, consumerOpts{}},
 		{"redis-2-batches-in-flight", false, 0, consumerOpts{BatchesInFlight: 2}},
 		{"redis-w128-2-batches-in-flight", false, 0, consumerOpts{Workers: 128, BatchesInFlight: 2}},
