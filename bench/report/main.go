@@ -215,6 +215,8 @@ var sections = []section{
 		[]string{"Gate"}, "Gate/raw-forward-ack-each", "msgs/s"},
 	{"Outbox relay (PostgreSQL)", "Rows committed to the outbox, published with confirms and marked sent; commit → delivery latency with LISTEN/NOTIFY and with polling. Ratios against raw confirmed publishing (Publish/raw-confirm-window-256) of the same run.",
 		[]string{"Relay"}, "Publish/raw-confirm-window-256", "rows/s"},
+	{"PostgreSQL round trips", "What bounds the batch inbox with a statement per delivery: the same one-row INSERT, 50 to a transaction, sent a round trip each (an Inbox.Batch handler's pgx Exec) or queued in one pgx.Batch per transaction (the pipelined Inbox.BatchFunc handler). The client's and the PostgreSQL backend's CPU per statement are in the extra column.",
+		[]string{"PostgresRoundTrip"}, "PostgresRoundTrip/exec-each", "stmts/s"},
 }
 
 func group(name string) string {
@@ -485,7 +487,7 @@ func yes(b bool) string {
 	return "no"
 }
 
-var standard = map[string]bool{"n": true, "ns/op": true, "msgs/s": true, "rows/s": true, "cpu-s/10k": true, "B/op": true, "allocs/op": true,
+var standard = map[string]bool{"n": true, "ns/op": true, "msgs/s": true, "rows/s": true, "stmts/s": true, "cpu-s/10k": true, "B/op": true, "allocs/op": true,
 	"p50-us": true, "p99-us": true, "p50-ms": true, "p99-ms": true}
 
 func extraUnits(ss []sample) []string {

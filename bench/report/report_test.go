@@ -264,3 +264,26 @@ func TestTargetsInboxRows(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderRoundTripSection: the PostgreSQL round-trip cases get their
+// own table, rated in statements per second against exec-each, with the
+// CPU per statement as extras (not in "Other", not rated in msgs/s).
+func TestRenderRoundTripSection(t *testing.T) {
+	runs := map[string][]sample{
+		"PostgresRoundTrip/exec-each": {{"stmts/s": 12000, "client-cpu-us/stmt": 40, "pg-cpu-us/stmt": 31}},
+		"PostgresRoundTrip/pipelined": {{"stmts/s": 90000, "client-cpu-us/stmt": 5.5, "pg-cpu-us/stmt": 6.5}},
+	}
+	md := render(runs, []string{"PostgresRoundTrip/exec-each", "PostgresRoundTrip/pipelined"}, "Consume/raw-ack-each", "make bench")
+	for _, want := range []string{
+		"## PostgreSQL round trips",
+		"| case | runs | stmts/s (median) | min–max | × exec-each |",
+		"| postgresroundtrip: pipelined | 1 | 90000 | 90000–90000 | 7.50 | — | — | — | 5.5 client-cpu-us/stmt, 6.5 pg-cpu-us/stmt |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "## Other") {
+		t.Errorf("round-trip cases fell into Other:\n%s", md)
+	}
+}
