@@ -103,8 +103,8 @@ type batch[T any] struct {
 // the whole slice, or a statement per delivery sent as one pipeline (pgx:
 // queued in a pgx.Batch, see ExampleInbox_BatchFunc_pipeline), is what
 // makes it cheaper than a [HandlerFunc] per delivery, whose statements
-// cost a round trip each. It must not commit or roll back tx. ctx is the batch's: the
-// first delivery's context without its cancellation.
+// cost a round trip each. It must not commit or roll back tx. ctx is the
+// batch's: the first delivery's context without its cancellation.
 //
 // A nil return commits every delivery of the slice. An error or a panic
 // rolls the transaction back and the batch runs again with a savepoint per
