@@ -41,6 +41,15 @@ func newExampleEnv(ctx context.Context) *exampleEnv {
 	return e
 }
 
+// startExample gives an example its context (bounded: it needs its
+// servers, and must never hang without them) and its environment; done
+// cleans both up.
+func startExample() (context.Context, *exampleEnv, func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	env := newExampleEnv(ctx)
+	return ctx, env, func() { env.close(); cancel() }
+}
+
 func (e *exampleEnv) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
 	defer cancel()
@@ -56,6 +65,22 @@ func (e *exampleEnv) balance(ctx context.Context) int64 {
 		log.Fatal(err)
 	}
 	return b
+}
+
+// inbox is the examples' inbox on the pgx pool, in the example's own table.
+func (e *exampleEnv) inbox(ctx context.Context) *inbox.Inbox[pgx.Tx] {
+	ib, err := inbox.New(ctx, postgres.Pgx(e.pool), inbox.Config{Table: e.ibox})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return ib
+}
+
+// run consumes ids with handler and prints the counters and the balance.
+func (e *exampleEnv) run(ctx context.Context, handler idemq.Handler, ids ...string) {
+	n := e.consume(ctx, ids, handler)
+	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
+	fmt.Println("balance:", e.balance(ctx))
 }
 
 // consume publishes ids (each a transfer of 10 to account a-1) and runs a
@@ -98,10 +123,8 @@ func (e *exampleEnv) consume(ctx context.Context, ids []string, handler idemq.Ha
 // changes the balance once — even if the process dies between the commit
 // and the ack. The inbox table's migrations are applied by New.
 func Example() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
-	defer cancel()
-	env := newExampleEnv(ctx)
-	defer env.close()
+	ctx, env, done := startExample()
+	defer done()
 	pool := env.pool // *pgxpool.Pool from pgxpool.New(ctx, "postgres://…")
 
 	ib, err := inbox.New(ctx, postgres.Pgx(pool), inbox.Config{Table: env.ibox}) // Table default "idemq_inbox"; also mysql.Std(db), sqlite.Std(db)
@@ -114,9 +137,7 @@ func Example() {
 		return err // nil commits the effect and the inbox row together, then acks
 	})
 
-	n := env.consume(ctx, []string{"t-1", "t-2", "t-1"}, handler)
-	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
-	fmt.Println("balance:", env.balance(ctx))
+	env.run(ctx, handler, "t-1", "t-2", "t-1") // t-1 twice
 	// Output:
 	// processed: 2 duplicates: 1
 	// balance: 20
@@ -125,38 +146,26 @@ func Example() {
 // The README's batch inbox: up to Size deliveries in one transaction, their
 // inbox rows in one multi-row INSERT, one commit and one multiple-ack.
 func ExampleInbox_Batch() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
-	defer cancel()
-	env := newExampleEnv(ctx)
-	defer env.close()
+	ctx, env, done := startExample()
+	defer done()
 
-	ib, err := inbox.New(ctx, postgres.Pgx(env.pool), inbox.Config{Table: env.ibox})
-	if err != nil {
-		log.Fatal(err)
-	}
+	ib := env.inbox(ctx) // inbox.New(ctx, postgres.Pgx(pool), inbox.Config{})
 	batch := ib.Batch(func(ctx context.Context, tx pgx.Tx, d *idemq.Delivery) error {
 		_, err := tx.Exec(ctx, `UPDATE `+env.accounts+` SET balance = balance + $1 WHERE id = 'a-1'`, string(d.Body))
 		return err // an error rolls the batch back; it runs again with a savepoint per delivery
 	}, inbox.BatchConfig{Size: 50, Concurrency: 4}) // Concurrency: the consumer's Workers (default 4)
 
-	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
-	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
-	fmt.Println("balance:", env.balance(ctx))
+	env.run(ctx, idemq.HandlerFunc(batch.Handle), "t-1", "t-2", "t-3", "t-2") // t-2 twice
 	// Output:
 	// processed: 3 duplicates: 1
 	// balance: 30
 }
 
 func ExampleInbox_BatchFunc() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
-	defer cancel()
-	env := newExampleEnv(ctx)
-	defer env.close()
+	ctx, env, done := startExample()
+	defer done()
 
-	ib, err := inbox.New(ctx, postgres.Pgx(env.pool), inbox.Config{Table: env.ibox})
-	if err != nil {
-		log.Fatal(err)
-	}
+	ib := env.inbox(ctx) // inbox.New(ctx, postgres.Pgx(pool), inbox.Config{})
 	// Called once per batch with its fresh deliveries (duplicates left
 	// out): one statement applies them all.
 	batch := ib.BatchFunc(func(ctx context.Context, tx pgx.Tx, ds []*idemq.Delivery) error {
@@ -172,9 +181,7 @@ func ExampleInbox_BatchFunc() {
 		return err
 	}, inbox.BatchConfig{Size: 50, Concurrency: 4})
 
-	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
-	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
-	fmt.Println("balance:", env.balance(ctx))
+	env.run(ctx, idemq.HandlerFunc(batch.Handle), "t-1", "t-2", "t-3", "t-2") // t-2 twice
 	// Output:
 	// processed: 3 duplicates: 1
 	// balance: 30
@@ -186,15 +193,10 @@ func ExampleInbox_BatchFunc() {
 // rolls back and runs again per delivery, so only the delivery whose
 // statement failed goes to the failure policy.
 func ExampleInbox_BatchFunc_pipeline() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // it needs its servers: never hang without them
-	defer cancel()
-	env := newExampleEnv(ctx)
-	defer env.close()
+	ctx, env, done := startExample()
+	defer done()
 
-	ib, err := inbox.New(ctx, postgres.Pgx(env.pool), inbox.Config{Table: env.ibox})
-	if err != nil {
-		log.Fatal(err)
-	}
+	ib := env.inbox(ctx) // inbox.New(ctx, postgres.Pgx(pool), inbox.Config{})
 	batch := ib.BatchFunc(func(ctx context.Context, tx pgx.Tx, ds []*idemq.Delivery) error {
 		q := &pgx.Batch{}
 		for _, d := range ds {
@@ -203,9 +205,7 @@ func ExampleInbox_BatchFunc_pipeline() {
 		return tx.SendBatch(ctx, q).Close() // one round trip; the first failed statement's error
 	}, inbox.BatchConfig{Size: 50, Concurrency: 4})
 
-	n := env.consume(ctx, []string{"t-1", "t-2", "t-3", "t-2"}, idemq.HandlerFunc(batch.Handle))
-	fmt.Println("processed:", n.Get(idemq.CountProcessed), "duplicates:", n.Get(idemq.CountDuplicates))
-	fmt.Println("balance:", env.balance(ctx))
+	env.run(ctx, idemq.HandlerFunc(batch.Handle), "t-1", "t-2", "t-3", "t-2") // t-2 twice
 	// Output:
 	// processed: 3 duplicates: 1
 	// balance: 30
