@@ -581,7 +581,11 @@ const reading = `- The RabbitMQ queue process is the ceiling (about one of the 2
   a message costs its own effect's round trip plus a share of one INSERT and
   one commit; the consumer's CPU per message is less than half the
   transaction-per-message inbox's, and the rest is PostgreSQL and RabbitMQ
-  sharing the same 2 cores.
+  sharing the same 2 cores. The batchfunc rows write the same effect in one
+  round trip per batch instead of one per delivery: one statement for the
+  batch (batchfunc-50), or the per-delivery statements queued in one
+  pgx.Batch (batchfunc-pipelined-50); PostgresRoundTrip prices the round
+  trip they save.
 - Watermill with its Deduplicator on Redis pays one SET NX per message plus
   its router overhead; its default prefetch of 1 is the usual first surprise.
 - Publishing: the idemq publisher with many concurrent callers (each waits
