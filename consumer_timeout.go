@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -138,9 +139,9 @@ func (c *Consumer) deadline(h Handler) Handler {
 			// not start work that would be cut at once.
 			return &HandlerTimeoutError{Limit: 0, ConsumerTimeout: fromBroker, Err: context.DeadlineExceeded}
 		}
-		hctx, cancel := context.WithDeadlineCause(ctx, at, handlerTimeoutCause(limit))
-		defer cancel()
-		err := h.Handle(askParent{Context: hctx, parent: ctx}, d)
+		hctx := &handlerContext{parent: ctx, at: at, limit: limit}
+		err := h.Handle(hctx, d)
+		hctx.end()
 		if err == nil || hctx.Err() == nil || ctx.Err() != nil {
 			// Success (even a late one: the effect is applied, ack it),
 			// a failure of its own, or the consumer's context ended
@@ -300,28 +301,117 @@ func (w *watchdog) check(now time.Time) {
 	}
 }
 
-// askParent is a context derived from parent that asks parent first
-// whenever it is asked whether it is done. A parent that decides on
-// demand (the dedup guard's lease context checks the lease's age when
-// asked, so a process thawed after a freeze sees its lease lost before its
-// late timers fire) still hears the question through the handler deadline,
-// and its cancellation reaches the child synchronously (the child is
-// registered with the parent's cancelCtx).
-type askParent struct {
-	context.Context
+// handlerContext is the handler's context under a deadline: done at its
+// deadline (HandlerTimeout or the ConsumerTimeout bound), when its parent
+// is, or once the handler has returned.
+//
+// It is made for every delivery, so it is lazy: the timer context behind
+// it (context.WithDeadlineCause, a timer and a registration with the
+// parent) is made only when someone asks for Done, or asks anything once
+// the deadline has passed. Deadline and Err answer from the deadline
+// itself, so a handler that never waits on Done (or that hands only the
+// deadline to its I/O, as net.Conn deadlines do) costs one allocation.
+//
+// It asks its parent first whenever it is asked whether it is done. A
+// parent that decides on demand (the dedup guard's lease context checks
+// the lease's age when asked, so a process thawed after a freeze sees its
+// lease lost before its late timers fire) still hears the question
+// through the handler deadline, and its cancellation reaches the timer
+// context synchronously (it is registered with the parent's cancelCtx).
+type handlerContext struct {
 	parent context.Context
+	at     time.Time
+	limit  time.Duration
+
+	ended atomic.Bool
+	live  atomic.Pointer[liveDeadline]
+	mu    sync.Mutex // makes live once
 }
 
-func (c askParent) Done() <-chan struct{} {
+type liveDeadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// timer returns the timer context, made on first use; made after the
+// handler returned, it is cancelled at once.
+func (c *handlerContext) timer() context.Context {
+	if l := c.live.Load(); l != nil {
+		return l.ctx
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.live.Load(); l != nil {
+		return l.ctx
+	}
+	ctx, cancel := context.WithDeadlineCause(c.parent, c.at, handlerTimeoutCause(c.limit))
+	if c.ended.Load() {
+		cancel()
+	}
+	c.live.Store(&liveDeadline{ctx: ctx, cancel: cancel})
+	return ctx
+}
+
+// over says the context is done by its own deadline or end (not its
+// parent's): past the deadline, or the handler has returned.
+func (c *handlerContext) over() bool {
+	return c.ended.Load() || !time.Now().Before(c.at)
+}
+
+// end is called when the handler has returned: the context is cancelled
+// (context.Canceled) unless it was already done.
+func (c *handlerContext) end() {
+	c.mu.Lock()
+	c.ended.Store(true)
+	l := c.live.Load()
+	c.mu.Unlock()
+	if l != nil {
+		l.cancel()
+	}
+}
+
+func (c *handlerContext) Deadline() (time.Time, bool) {
+	if d, ok := c.parent.Deadline(); ok && d.Before(c.at) {
+		return d, true
+	}
+	return c.at, true
+}
+
+func (c *handlerContext) Done() <-chan struct{} {
 	if c.parent.Err() != nil {
 		return c.parent.Done()
 	}
-	return c.Context.Done()
+	return c.timer().Done()
 }
 
-func (c askParent) Err() error {
+func (c *handlerContext) Err() error {
 	if err := c.parent.Err(); err != nil {
 		return err
 	}
-	return c.Context.Err()
+	if l := c.live.Load(); l != nil {
+		return l.ctx.Err()
+	}
+	if c.over() {
+		return c.timer().Err() // made now, so context.Cause agrees with Err
+	}
+	return nil
+}
+
+// Value answers from the parent while the context is live and its timer
+// context has not been made: context.Cause (which asks Value for the
+// nearest cancel context) then finds the parent's, whose cause is the
+// parent's. Once over, the timer context answers, with this context's
+// own cause.
+func (c *handlerContext) Value(key any) any {
+	if l := c.live.Load(); l != nil {
+		return l.ctx.Value(key)
+	}
+	if c.over() {
+		return c.timer().Value(key)
+	}
+	return c.parent.Value(key)
+}
+
+func (c *handlerContext) String() string {
+	return fmt.Sprintf("idemq.handlerContext(deadline %v)", c.at)
 }

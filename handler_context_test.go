@@ -1,0 +1,224 @@
+package idemq
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+)
+
+type ctxKey struct{}
+
+// newHandlerContext is a handler context as the deadline middleware makes
+// it, limit from now.
+func newHandlerContext(parent context.Context, limit time.Duration) *handlerContext {
+	return &handlerContext{parent: parent, at: time.Now().Add(limit), limit: limit}
+}
+
+// waitDone waits for ctx to be done, failing the test after a deadline.
+func waitDone(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not done after 10s", what)
+	}
+}
+
+// The lazy handler context behaves as context.WithDeadlineCause under the
+// parent would, whichever question is asked first: Err, Done, Cause,
+// Value, or a child made from it.
+func TestHandlerContextSemantics(t *testing.T) {
+	const limit = 30 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		// wait brings the context to its deadline by the route under test.
+		wait func(t *testing.T, ctx *handlerContext)
+	}{
+		{"err-polled", func(t *testing.T, ctx *handlerContext) {
+			deadline := time.Now().Add(10 * time.Second)
+			for ctx.Err() == nil {
+				if time.Now().After(deadline) {
+					t.Fatal("Err still nil 10s after the deadline")
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}},
+		{"done", func(t *testing.T, ctx *handlerContext) { waitDone(t, ctx, "Done") }},
+		{"child", func(t *testing.T, ctx *handlerContext) {
+			child, cancel := context.WithCancel(ctx)
+			defer cancel()
+			waitDone(t, child, "a child of the handler context")
+			if !errors.Is(context.Cause(child), ErrHandlerTimeout) {
+				t.Fatalf("child's cause %v, want ErrHandlerTimeout", context.Cause(child))
+			}
+		}},
+		{"cause-first", func(t *testing.T, ctx *handlerContext) {
+			// Nobody asked before the deadline: the first question
+			// after it is Cause.
+			for d := time.Until(ctx.at); d > 0; d = time.Until(ctx.at) {
+				time.Sleep(d)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := context.WithValue(context.Background(), ctxKey{}, "v")
+			ctx := newHandlerContext(parent, limit)
+			if ctx.Value(ctxKey{}) != "v" {
+				t.Fatal("the parent's values are not seen")
+			}
+			if at, ok := ctx.Deadline(); !ok || !at.Equal(ctx.at) {
+				t.Fatalf("Deadline() = %v, %v; want %v", at, ok, ctx.at)
+			}
+			tc.wait(t, ctx)
+			if !errors.Is(context.Cause(ctx), ErrHandlerTimeout) {
+				t.Fatalf("Cause = %v, want ErrHandlerTimeout", context.Cause(ctx))
+			}
+			var hte handlerTimeoutCause
+			if !errors.As(context.Cause(ctx), &hte) || time.Duration(hte) != limit {
+				t.Fatalf("Cause = %v, want the limit %v in it", context.Cause(ctx), limit)
+			}
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				t.Fatalf("Err = %v, want DeadlineExceeded", ctx.Err())
+			}
+			waitDone(t, ctx, "Done after the deadline")
+			if ctx.Value(ctxKey{}) != "v" {
+				t.Fatal("the parent's values are lost after the deadline")
+			}
+			ctx.end()
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				t.Fatalf("Err after end = %v, want DeadlineExceeded still", ctx.Err())
+			}
+		})
+	}
+}
+
+// After the handler returned its context is cancelled (Canceled), whether
+// or not anyone asked before; a parent's cancellation and cause come
+// through; the earlier of the two deadlines is reported.
+func TestHandlerContextEndAndParent(t *testing.T) {
+	for _, asked := range []bool{false, true} {
+		ctx := newHandlerContext(context.Background(), time.Hour)
+		if asked {
+			_ = ctx.Done()
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("asked=%v: Err %v before end", asked, ctx.Err())
+		}
+		ctx.end()
+		waitDone(t, ctx, "Done after end")
+		if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(context.Cause(ctx), context.Canceled) {
+			t.Fatalf("asked=%v: after end Err %v, Cause %v; want Canceled", asked, ctx.Err(), context.Cause(ctx))
+		}
+	}
+
+	errShutdown := errors.New("shutting down")
+	for _, asked := range []bool{false, true} {
+		parent, cancel := context.WithCancelCause(context.Background())
+		ctx := newHandlerContext(parent, time.Hour)
+		if asked {
+			_ = ctx.Done()
+		}
+		cancel(errShutdown)
+		waitDone(t, ctx, "Done after the parent's cancel")
+		if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(context.Cause(ctx), errShutdown) {
+			t.Fatalf("asked=%v: Err %v, Cause %v; want Canceled, the parent's cause", asked, ctx.Err(), context.Cause(ctx))
+		}
+		ctx.end()
+	}
+
+	early := time.Now().Add(time.Minute)
+	parent, cancel := context.WithDeadline(context.Background(), early)
+	defer cancel()
+	if at, _ := newHandlerContext(parent, time.Hour).Deadline(); !at.Equal(early) {
+		t.Fatalf("Deadline %v, want the parent's earlier %v", at, early)
+	}
+	if at, _ := newHandlerContext(parent, time.Second).Deadline(); !at.After(time.Now()) || !at.Before(early) {
+		t.Fatalf("Deadline %v, want its own, before the parent's", at)
+	}
+}
+
+// Every question from many goroutines while the handler ends and the
+// deadline passes: one answer for all (run with -race).
+func TestHandlerContextConcurrent(t *testing.T) {
+	for i := 0; i < 50; i++ {
+		ctx := newHandlerContext(context.Background(), time.Duration(i%5)*time.Millisecond)
+		var wg sync.WaitGroup
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := 0; j < 20; j++ {
+					switch (g + j) % 4 {
+					case 0:
+						_ = ctx.Err()
+					case 1:
+						_ = ctx.Done()
+					case 2:
+						_ = context.Cause(ctx)
+					default:
+						_ = ctx.Value(ctxKey{})
+					}
+				}
+			}()
+		}
+		if i%2 == 0 {
+			ctx.end()
+		}
+		wg.Wait()
+		ctx.end()
+		waitDone(t, ctx, "Done after end")
+		if ctx.Err() == nil || context.Cause(ctx) == nil {
+			t.Fatalf("after end: Err %v, Cause %v", ctx.Err(), context.Cause(ctx))
+		}
+		if l := ctx.live.Load(); l != nil && l.ctx.Err() == nil {
+			t.Fatal("the timer context outlives the handler")
+		}
+	}
+}
+
+// The deadline costs one allocation per delivery for a handler that never
+// waits on its context (it was five: a timer context, its timer, its cause
+// and the wrapper asking the parent).
+func TestHandlerDeadlineAllocations(t *testing.T) {
+	c := &Consumer{cfg: ConsumerConfig{HandlerTimeout: time.Minute}.withDefaults(), log: slog.New(slog.DiscardHandler)}
+	h := c.deadline(HandlerFunc(func(ctx context.Context, d *Delivery) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		_, _ = ctx.Deadline()
+		return nil
+	}))
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := &Delivery{ReceivedAt: time.Now()}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := h.Handle(parent, d); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 1 {
+		t.Fatalf("%.1f allocations per delivery for the handler deadline, want ≤ 1", allocs)
+	}
+}
+
+// The handler deadline around a handler that does not wait on its
+// context, with 4 goroutines per core sharing the parent (as a consumer's do).
+func BenchmarkHandlerDeadline(b *testing.B) {
+	c := &Consumer{cfg: ConsumerConfig{}.withDefaults(), log: slog.New(slog.DiscardHandler)}
+	h := c.deadline(HandlerFunc(func(ctx context.Context, d *Delivery) error { return ctx.Err() }))
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.RunParallel(func(pb *testing.PB) {
+		d := &Delivery{ReceivedAt: time.Now()}
+		for pb.Next() {
+			if err := h.Handle(parent, d); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
