@@ -53,6 +53,8 @@ type Lease struct {
 	stopped  bool
 	hb, dl   *time.Timer
 	extendMu sync.Mutex // one renewal at a time (heartbeat, Check)
+
+	hctx leaseContext // the handler's context (one allocation with the lease)
 }
 
 type leaseKey struct{}
@@ -294,5 +296,6 @@ func (c *leaseContext) Value(key any) any {
 func (g *Guard) newLease(ctx context.Context, key, token string, sent time.Time) (*Lease, context.Context) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	l := &Lease{key: key, token: token, g: g, cancel: cancel, valid: g.cfg.Lease - g.cfg.LeaseMargin, base: sent}
-	return l, &leaseContext{Context: cctx, l: l}
+	l.hctx = leaseContext{Context: cctx, l: l}
+	return l, &l.hctx
 }

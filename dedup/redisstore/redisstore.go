@@ -432,6 +432,21 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 	return out, done
 }
 
+// msBox boxes durations as script arguments (milliseconds), the last one
+// kept: the requests of a batch share their lease or window, so a batch
+// boxes each once instead of once per request.
+type msBox struct {
+	last time.Duration
+	v    any
+}
+
+func (b *msBox) ms(d time.Duration) any {
+	if b.v == nil || d != b.last {
+		b.last, b.v = d, ms(d)
+	}
+	return b.v
+}
+
 // batchOneScript is Batch as one call of batchScript.
 func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest, completes []dedup.CompleteRequest) ([]dedup.ClaimReply, []error) {
 	out := make([]dedup.ClaimReply, len(claims))
@@ -442,6 +457,7 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 	keys := make([]string, 0, len(claims)+len(completes))
 	args := make([]any, 1, 1+2*(len(claims)+len(completes)))
 	var ci, di []int
+	var box msBox
 	for i, r := range claims {
 		if err := s.prepare(ctx, "claim", r.Key); err != nil {
 			out[i].Err = err
@@ -449,7 +465,7 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 		}
 		ci = append(ci, i)
 		keys = append(keys, s.RedisKey(r.Key))
-		args = append(args, r.Token, ms(r.Lease))
+		args = append(args, r.Token, box.ms(r.Lease))
 	}
 	args[0] = len(ci)
 	for i, r := range completes {
@@ -459,13 +475,12 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 		}
 		di = append(di, i)
 		keys = append(keys, s.RedisKey(r.Key))
-		args = append(args, r.Token, ms(max(r.Window, time.Millisecond)))
+		args = append(args, r.Token, box.ms(max(r.Window, time.Millisecond)))
 	}
 	if len(keys) == 0 {
 		return out, done
 	}
-	cmd := redisscript.Pipelined(ctx, s.raw, batchScript, 1, func(int) ([]string, []any) { return keys, args })[0]
-	vals, err := cmd.Int64Slice()
+	vals, err := batchScript.Run(ctx, s.raw, keys, args...).Int64Slice() // EVALSHA; EVAL after NOSCRIPT
 	if err == nil && len(vals) != 2*len(ci)+len(di) {
 		err = fmt.Errorf("unexpected batch script reply of %d values for %d claims and %d completes", len(vals), len(ci), len(di))
 	}
