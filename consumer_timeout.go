@@ -140,8 +140,8 @@ func (c *Consumer) deadline(h Handler) Handler {
 			return &HandlerTimeoutError{Limit: 0, ConsumerTimeout: fromBroker, Err: context.DeadlineExceeded}
 		}
 		hctx := &handlerContext{parent: ctx, at: at, limit: limit}
+		defer hctx.end()
 		err := h.Handle(hctx, d)
-		hctx.end()
 		if err == nil || hctx.Err() == nil || ctx.Err() != nil {
 			// Success (even a late one: the effect is applied, ack it),
 			// a failure of its own, or the consumer's context ended
@@ -303,14 +303,16 @@ func (w *watchdog) check(now time.Time) {
 
 // handlerContext is the handler's context under a deadline: done at its
 // deadline (HandlerTimeout or the ConsumerTimeout bound), when its parent
-// is, or once the handler has returned.
+// is, or once the handler has returned — context.WithDeadlineCause under
+// the parent, cancelled when the handler returns.
 //
 // It is made for every delivery, so it is lazy: the timer context behind
-// it (context.WithDeadlineCause, a timer and a registration with the
-// parent) is made only when someone asks for Done, or asks anything once
-// the deadline has passed. Deadline and Err answer from the deadline
-// itself, so a handler that never waits on Done (or that hands only the
-// deadline to its I/O, as net.Conn deadlines do) costs one allocation.
+// it (a timer, and a registration with the parent under the parent's
+// lock) is made only when someone asks for Done, or asks anything once
+// the deadline has passed or the handler has returned. Deadline and Err
+// answer from the deadline itself, so a handler that never waits on Done
+// (or that hands only the deadline to its I/O, as net.Conn deadlines do)
+// costs one allocation.
 //
 // It asks its parent first whenever it is asked whether it is done. A
 // parent that decides on demand (the dedup guard's lease context checks
@@ -318,14 +320,23 @@ func (w *watchdog) check(now time.Time) {
 // lease lost before its late timers fire) still hears the question
 // through the handler deadline, and its cancellation reaches the timer
 // context synchronously (it is registered with the parent's cancelCtx).
+//
+// One difference from an eager context remains: when both the deadline
+// and the parent's cancellation happened before anyone asked, the
+// parent's cause is reported (which of the two came first is not known);
+// Err is the parent's either way, as it is asked first.
 type handlerContext struct {
 	parent context.Context
 	at     time.Time
 	limit  time.Duration
 
-	ended atomic.Bool
-	live  atomic.Pointer[liveDeadline]
-	mu    sync.Mutex // makes live once
+	live atomic.Pointer[liveDeadline]
+	mu   sync.Mutex // makes live once; guards the end fields
+	// ended: the handler has returned, at endedAt; parentDone: its
+	// parent was already done then.
+	ended      atomic.Bool
+	endedAt    time.Time
+	parentDone bool
 }
 
 type liveDeadline struct {
@@ -333,8 +344,10 @@ type liveDeadline struct {
 	cancel context.CancelFunc
 }
 
-// timer returns the timer context, made on first use; made after the
-// handler returned, it is cancelled at once.
+// timer returns the timer context, made on first use. Made after the
+// handler returned, it is what the eager context would be by then:
+// cancelled by the end (Canceled), timed out if the deadline came first,
+// or cancelled with the parent if the parent was done first.
 func (c *handlerContext) timer() context.Context {
 	if l := c.live.Load(); l != nil {
 		return l.ctx
@@ -344,7 +357,19 @@ func (c *handlerContext) timer() context.Context {
 	if l := c.live.Load(); l != nil {
 		return l.ctx
 	}
-	ctx, cancel := context.WithDeadlineCause(c.parent, c.at, handlerTimeoutCause(c.limit))
+	parent := c.parent
+	if c.ended.Load() && !c.parentDone {
+		// The parent's later cancellation did not reach the ended
+		// context: only its values do.
+		parent = context.WithoutCancel(parent)
+	}
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if c.ended.Load() && c.endedAt.Before(c.at) {
+		ctx, cancel = context.WithCancel(parent)
+	} else {
+		ctx, cancel = context.WithDeadlineCause(parent, c.at, handlerTimeoutCause(c.limit))
+	}
 	if c.ended.Load() {
 		cancel()
 	}
@@ -362,6 +387,11 @@ func (c *handlerContext) over() bool {
 // (context.Canceled) unless it was already done.
 func (c *handlerContext) end() {
 	c.mu.Lock()
+	if c.ended.Load() {
+		c.mu.Unlock()
+		return
+	}
+	c.endedAt, c.parentDone = time.Now(), c.parent.Err() != nil
 	c.ended.Store(true)
 	l := c.live.Load()
 	c.mu.Unlock()

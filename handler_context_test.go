@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -114,6 +115,38 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 		}
 	}
 
+	// Ended before its deadline, first asked after it (a goroutine the
+	// handler left behind): cancelled by the end, not timed out; a
+	// parent cancelled after the end does not change that.
+	errLater := errors.New("parent cancelled after the handler returned")
+	for _, route := range []string{"err", "cause", "child", "parent-after"} {
+		parent, cancel := context.WithCancelCause(context.Background())
+		ctx := newHandlerContext(parent, 20*time.Millisecond)
+		ctx.end()
+		for d := time.Until(ctx.at); d > 0; d = time.Until(ctx.at) {
+			time.Sleep(d)
+		}
+		var err, cause error
+		switch route {
+		case "err":
+			err, cause = ctx.Err(), context.Cause(ctx)
+		case "cause":
+			cause, err = context.Cause(ctx), ctx.Err()
+		case "child":
+			child, cc := context.WithCancel(ctx)
+			waitDone(t, child, "child of an ended context")
+			err, cause = child.Err(), context.Cause(child)
+			cc()
+		case "parent-after":
+			cancel(errLater)
+			cause, err = context.Cause(ctx), ctx.Err()
+		}
+		if !errors.Is(err, context.Canceled) || !errors.Is(cause, context.Canceled) {
+			t.Fatalf("%s: ended before its deadline, asked after: Err %v, Cause %v; want Canceled for both", route, err, cause)
+		}
+		cancel(nil)
+	}
+
 	errShutdown := errors.New("shutting down")
 	for _, asked := range []bool{false, true} {
 		parent, cancel := context.WithCancelCause(context.Background())
@@ -194,11 +227,16 @@ func TestHandlerDeadlineAllocations(t *testing.T) {
 	parent, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := &Delivery{ReceivedAt: time.Now()}
-	allocs := testing.AllocsPerRun(1000, func() {
-		if err := h.Handle(parent, d); err != nil {
-			t.Fatal(err)
-		}
-	})
+	// AllocsPerRun counts the whole process's allocations: the fewest of
+	// three runs, so that goroutines left by other tests do not count.
+	allocs := math.Inf(1)
+	for range 3 {
+		allocs = min(allocs, testing.AllocsPerRun(1000, func() {
+			if err := h.Handle(parent, d); err != nil {
+				t.Fatal(err)
+			}
+		}))
+	}
 	if allocs > 1 {
 		t.Fatalf("%.1f allocations per delivery for the handler deadline, want ≤ 1", allocs)
 	}
@@ -221,4 +259,28 @@ func BenchmarkHandlerDeadline(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A handler that fails before its deadline fails with its own error, not
+// a timeout: the failure policy dead-letters a poison message instead of
+// requeueing it as cut at the consumer timeout. (The lazy context first
+// read its Err after ending it, and every failure became a timeout.)
+func TestHandlerFailureIsNotATimeout(t *testing.T) {
+	errPlain := errors.New("plain failure")
+	for _, cfg := range []ConsumerConfig{
+		{},                          // the ConsumerTimeout bound only (the default)
+		{HandlerTimeout: time.Hour}, // a HandlerTimeout of its own
+	} {
+		c := &Consumer{cfg: cfg.withDefaults(), log: slog.New(slog.DiscardHandler)}
+		h := c.deadline(HandlerFunc(func(ctx context.Context, d *Delivery) error { return errPlain }))
+		rec := &Counters{}
+		err := h.Handle(WithRecorder(context.Background(), rec), &Delivery{ReceivedAt: time.Now()})
+		var hte *HandlerTimeoutError
+		if err != errPlain || errors.As(err, &hte) || errors.Is(err, ErrHandlerTimeout) {
+			t.Fatalf("HandlerTimeout %v: a failed handler returned %v, want its own error unchanged", cfg.HandlerTimeout, err)
+		}
+		if n := rec.Get(CountHandlerTimeouts); n != 0 {
+			t.Fatalf("HandlerTimeout %v: %d handler timeouts counted for a plain failure", cfg.HandlerTimeout, n)
+		}
+	}
 }
