@@ -309,10 +309,10 @@ func (w *watchdog) check(now time.Time) {
 // It is made for every delivery, so it is lazy: the timer context behind
 // it (a timer, and a registration with the parent under the parent's
 // lock) is made only when someone asks for Done, or asks anything once
-// the deadline has passed or the handler has returned. Deadline and Err
-// answer from the deadline itself, so a handler that never waits on Done
-// (or that hands only the deadline to its I/O, as net.Conn deadlines do)
-// costs one allocation.
+// the deadline has passed or the handler has returned. Until then,
+// Deadline and Err answer from the deadline itself, so a handler that
+// never waits on Done (or that hands only the deadline to its I/O, as
+// net.Conn deadlines do) costs one allocation.
 //
 // It asks its parent first whenever it is asked whether it is done. A
 // parent that decides on demand (the dedup guard's lease context checks
@@ -322,9 +322,10 @@ func (w *watchdog) check(now time.Time) {
 // context synchronously (it is registered with the parent's cancelCtx).
 //
 // One difference from an eager context remains: when both the deadline
-// and the parent's cancellation happened before anyone asked, the
-// parent's cause is reported (which of the two came first is not known);
-// Err is the parent's either way, as it is asked first.
+// and the parent's cancellation happened before the timer context was
+// made (nobody asked for Done, and nothing was asked since the deadline),
+// the parent's error and cause are reported: which of the two came first
+// is not known then.
 type handlerContext struct {
 	parent context.Context
 	at     time.Time
@@ -414,17 +415,22 @@ func (c *handlerContext) Done() <-chan struct{} {
 	return c.timer().Done()
 }
 
+// Err asks the parent first (a parent that decides when asked cancels
+// the timer context then, synchronously), then answers as the timer
+// context does, so that once non-nil it does not change: a context done
+// by its own deadline or end stays so when its parent ends later.
 func (c *handlerContext) Err() error {
-	if err := c.parent.Err(); err != nil {
-		return err
-	}
+	perr := c.parent.Err()
 	if l := c.live.Load(); l != nil {
-		return l.ctx.Err()
+		if err := l.ctx.Err(); err != nil {
+			return err
+		}
+		return perr // a parent whose end reaches the timer context later
 	}
 	if c.over() {
 		return c.timer().Err() // made now, so context.Cause agrees with Err
 	}
-	return nil
+	return perr
 }
 
 // Value answers from the parent while the context is live and its timer

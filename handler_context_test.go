@@ -147,6 +147,40 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 		cancel(nil)
 	}
 
+	// Done by its own end or deadline, it stays so when its parent ends
+	// later: Err does not change once non-nil, and agrees with Cause.
+	for _, tc := range []struct {
+		name      string
+		limit     time.Duration
+		ask       bool // Done asked before (the timer context made)
+		end       bool // the handler returns before the parent ends
+		want      error
+		wantCause error
+	}{
+		{"ended-then-parent-deadline", time.Hour, false, true, context.Canceled, context.Canceled},
+		{"ended-asked-then-parent-deadline", time.Hour, true, true, context.Canceled, context.Canceled},
+		{"own-deadline-then-parent-deadline", 10 * time.Millisecond, true, false, context.DeadlineExceeded, ErrHandlerTimeout},
+	} {
+		parent, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		ctx := newHandlerContext(parent, tc.limit)
+		if tc.ask {
+			_ = ctx.Done()
+		}
+		if tc.end {
+			ctx.end()
+		} else {
+			waitDone(t, ctx, tc.name)
+		}
+		first := ctx.Err()
+		waitDone(t, parent, "the parent")
+		if got := ctx.Err(); !errors.Is(first, tc.want) || got != first || !errors.Is(context.Cause(ctx), tc.wantCause) {
+			t.Fatalf("%s: Err %v, then %v after the parent's deadline, Cause %v; want %v throughout, cause %v",
+				tc.name, first, got, context.Cause(ctx), tc.want, tc.wantCause)
+		}
+		ctx.end()
+		cancel()
+	}
+
 	errShutdown := errors.New("shutting down")
 	for _, asked := range []bool{false, true} {
 		parent, cancel := context.WithCancelCause(context.Background())
