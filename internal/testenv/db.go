@@ -37,15 +37,41 @@ func Redis(t testing.TB) (redis.UniversalClient, string) {
 	}
 	prefix := Name(t, "t")
 	t.Cleanup(func() {
+		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		iter := c.Scan(ctx, 0, "*"+prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
+		if scanned, err := deleteKeys(ctx, c, prefix, maxCleanupScan); err != nil {
+			t.Logf("redis cleanup of %s*: %v", prefix, err)
+		} else if !scanned {
+			t.Logf("redis cleanup of %s* skipped: the database holds more than %d keys (a benchmark's?); the test's keys are left under its own prefix", prefix, maxCleanupScan)
 		}
-		c.Close()
 	})
 	return c, prefix
+}
+
+// maxCleanupScan bounds the database a test's cleanup scans for its keys.
+// SCAN walks the whole database whatever its pattern: on one left full by
+// a benchmark (3 million keys after `make bench`), every test spent
+// seconds in its cleanup, and the Redis packages of `make test` minutes.
+const maxCleanupScan = 100_000
+
+// deleteKeys deletes the keys that contain prefix, unless the database
+// holds more than maxKeys keys. It reports whether it looked.
+func deleteKeys(ctx context.Context, c redis.UniversalClient, prefix string, maxKeys int64) (bool, error) {
+	n, err := c.DBSize(ctx).Result()
+	if err != nil {
+		return false, err
+	}
+	if n > maxKeys {
+		return false, nil
+	}
+	iter := c.Scan(ctx, 0, "*"+prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if err := c.Del(ctx, iter.Val()).Err(); err != nil {
+			return true, err
+		}
+	}
+	return true, iter.Err()
 }
 
 // PrivateRedis is a redis-server this test owns (its own port and data
