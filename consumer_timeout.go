@@ -358,20 +358,21 @@ func (c *handlerContext) timer() context.Context {
 	if l := c.live.Load(); l != nil {
 		return l.ctx
 	}
+	ended := c.ended.Load() // set only under c.mu
 	parent := c.parent
-	if c.ended.Load() && !c.parentDone {
+	if ended && !c.parentDone {
 		// The parent's later cancellation did not reach the ended
 		// context: only its values do.
 		parent = context.WithoutCancel(parent)
 	}
 	var ctx context.Context
 	var cancel context.CancelFunc
-	if c.ended.Load() && c.endedAt.Before(c.at) {
+	if ended && c.endedAt.Before(c.at) {
 		ctx, cancel = context.WithCancel(parent)
 	} else {
 		ctx, cancel = context.WithDeadlineCause(parent, c.at, handlerTimeoutCause(c.limit))
 	}
-	if c.ended.Load() {
+	if ended {
 		cancel()
 	}
 	c.live.Store(&liveDeadline{ctx: ctx, cancel: cancel})
