@@ -135,6 +135,10 @@ type ConsumerConfig struct {
 	// Breaker pauses taking deliveries while a dependency is unavailable
 	// (see [BreakerConfig]). On by default.
 	Breaker BreakerConfig
+	// Release hands the failure policy's delayed retries back to Queue
+	// when they are due (see [DelayedRetries], [ReleaseConfig]). On by
+	// default when the policy parks deliveries in delay queues.
+	Release ReleaseConfig
 	// Dial overrides how the connection is made (tests use it to go through a
 	// fault-injecting proxy). Default amqp.DialConfig.
 	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
@@ -231,6 +235,7 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 		c.ManagementRefresh = time.Minute
 	}
 	c.Breaker = c.Breaker.withDefaults()
+	c.Release = c.Release.withDefaults()
 	if c.Pipeline.Policy == nil {
 		c.Pipeline.Policy = BasePolicy{RetryAfter: c.Breaker.RetryAfter}
 	}

@@ -36,10 +36,20 @@ const (
 	// GaugePublishInFlight: publisher: publishes waiting for their
 	// confirm, recorded as deltas (+1, -1).
 	GaugePublishInFlight = "publish_inflight"
-	CountDeadLettered    = "dead_lettered"   // sent to the dead-letter queue
-	CountRetried         = "retried"         // sent to a delay queue for a later attempt
-	CountFailOpen        = "fail_open"       // processed without the dedup store (fail-open)
-	CountUncertain       = "dedup_uncertain" // the store could not tell done from new (dedup.ErrUncertain)
+	CountDeadLettered    = "dead_lettered" // sent to the dead-letter queue
+	CountRetried         = "retried"       // sent to a delay queue for a later attempt
+	// CountReleased: deliveries taken from a delay queue when due,
+	// republished to the work queue (confirmed) and acked there.
+	CountReleased = "retry_released"
+	// CountReleasedLate: of those, released more than a second after
+	// they were due (the consumer was down, or the broker restarted).
+	CountReleasedLate = "retry_released_late"
+	// CountReleaseFailed: republishes of due deliveries that failed (the
+	// work queue missing, the broker unreachable); the delivery stays in
+	// its delay queue and is tried again.
+	CountReleaseFailed = "retry_release_failed"
+	CountFailOpen      = "fail_open"       // processed without the dedup store (fail-open)
+	CountUncertain     = "dedup_uncertain" // the store could not tell done from new (dedup.ErrUncertain)
 
 	// Dependency outages (see BreakerConfig).
 	CountUnavailable       = "dependency_unavailable" // deliveries given back: a dependency was unavailable (not an attempt)

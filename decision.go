@@ -145,6 +145,29 @@ type Sender interface {
 	Publish(ctx context.Context, m Message) error
 }
 
+// DelayQueue is a queue where a [FailurePolicy] parks deliveries that
+// should run again later: each message carries [HeaderDue], and the
+// queue holds the messages of one Delay, so it is ordered by due time.
+type DelayQueue struct {
+	Name  string
+	Delay time.Duration
+}
+
+// DelayedRetries is implemented by a [FailurePolicy] that parks
+// deliveries in delay queues (retry.Policy does). The consumer releases
+// them: it consumes each of queue's delay queues with a bounded prefetch
+// (ConsumerConfig.Release), holds each delivery until it is due,
+// republishes it to queue through the Sender (confirmed), then acks it.
+// A crash in between gives it back to the delay queue, to be released
+// again under the same message ID: a duplicate the dedup guard or the
+// inbox absorbs, never a loss. No message TTL and no broker
+// dead-lettering is involved, so a delayed retry comes back on time
+// after a broker restart too. A nil Sender or no queues: nothing to
+// release.
+type DelayedRetries interface {
+	DelayQueues(queue string) (Sender, []DelayQueue)
+}
+
 // Run describes one run of a delivery's handler chain, the input of
 // [FailurePolicy.Decide].
 type Run struct {

@@ -42,6 +42,12 @@ const (
 	// with HeaderAttempt or HeaderRequeues, the marker of idemq's own
 	// retry path.
 	HeaderQueue = "x-idemq-queue"
+	// HeaderDue, on a delivery parked in a delay queue: when it is due
+	// back in its work queue, in Unix milliseconds. The consumer that
+	// releases the delay queue holds the delivery until then (at most the
+	// queue's delay after it took it) and removes the header when it
+	// hands the delivery back (see [DelayedRetries]).
+	HeaderDue = "x-idemq-due"
 	// HeaderDeadLetterHeld, on a delivery the retry policy holds back
 	// because its dead letter could not be routed (the dead-letter queue is
 	// missing, or unavailable while its node is down): the dead-letter

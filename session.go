@@ -17,6 +17,7 @@ import (
 //	connect    dial, open a channel, set QoS, declare the topology
 //	subscribe  watch the connection, the channel and broker-side cancels, start consuming
 //	workers    the executor (acker + requeuer) and the worker goroutines
+//	release    take the policy's delayed retries from their delay queues when due (release.go)
 //	receive    hand deliveries to the workers until the session ends (the breaker may pause it)
 //	drain      on shutdown: stop consuming, finish what the client already holds
 //	finish     wait for the workers, give back deferred deliveries, flush the acks
@@ -42,6 +43,11 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	rctx, stopRefresh := context.WithCancel(ctx)
 	defer stopRefresh()
 	go c.refreshDeliveryLimit(rctx, conn)
+	if rel := c.startRelease(ctx, conn); rel != nil {
+		// Stopped before the connection closes: its republishes in
+		// flight finish and ack first.
+		defer rel.Stop(c.cfg.ShutdownTimeout)
+	}
 
 	// Handlers run under hctx: not cancelled by the Run context (so they can
 	// finish on shutdown), cancelled when the channel dies (their ack is

@@ -97,6 +97,13 @@ func FuzzAttemptHeaders(f *testing.F) {
 						t.Fatalf("header %s: %d bytes", k, len(x))
 					}
 				case int64:
+					if k == idemq.HeaderDue {
+						// Unix milliseconds: now plus a configured delay.
+						if due := time.UnixMilli(x); due.Before(p.cfg.Now()) || due.After(p.cfg.Now().Add(24*time.Hour)) {
+							t.Fatalf("header %s = %v, want now plus a delay", k, due)
+						}
+						break
+					}
 					if x < 0 || x > math.MaxInt32+1 {
 						t.Fatalf("header %s = %d", k, x)
 					}

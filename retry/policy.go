@@ -248,6 +248,29 @@ func New(cfg Config) (*Policy, error) {
 // Config returns the effective configuration (defaults filled).
 func (p *Policy) Config() Config { return p.cfg }
 
+var _ idemq.DelayedRetries = (*Policy)(nil)
+
+// DelayQueues implements [idemq.DelayedRetries]: the retry queue of each
+// distinct delay, which the consumer of queue releases (every delivery
+// the policy parks there carries idemq.HeaderDue). Without a Sender the
+// policy parks nothing: nil.
+func (p *Policy) DelayQueues(queue string) (idemq.Sender, []idemq.DelayQueue) {
+	if p.send == nil {
+		return nil, nil
+	}
+	var out []idemq.DelayQueue
+	seen := map[string]bool{}
+	for _, d := range p.cfg.Delays {
+		name := p.cfg.RetryQueue(queue, d)
+		if d <= 0 || seen[name] {
+			continue
+		}
+		seen[name] = true
+		out = append(out, idemq.DelayQueue{Name: name, Delay: d})
+	}
+	return p.send, out
+}
+
 // timeoutSender bounds each publish (with its confirm).
 type timeoutSender struct {
 	s idemq.Sender
@@ -452,6 +475,7 @@ func (p *Policy) holdDeadLetter(d *idemq.Delivery, dec idemq.Decision, err error
 			}
 		}
 		q = p.cfg.RetryQueue(d.Queue, delay)
+		h[idemq.HeaderDue] = p.cfg.Now().Add(delay).UnixMilli()
 	}
 	msg := republish(d, "", q, h)
 	return idemq.Decision{Action: idemq.ActionPublish, Outcome: idemq.OutcomeDeferred, Message: &msg, Sender: p.send,
@@ -535,7 +559,9 @@ func (p *Policy) retry(d *idemq.Delivery, cause error, attempt int) idemq.Decisi
 	}
 	h := p.failureHeaders(d, cause, p.cfg.Now())
 	h[idemq.HeaderAttempt] = int64(attempt + 1)
-	msg := republish(d, "", p.cfg.RetryQueue(d.Queue, p.delay(attempt)), h)
+	delay := p.delay(attempt)
+	h[idemq.HeaderDue] = p.cfg.Now().Add(delay).UnixMilli()
+	msg := republish(d, "", p.cfg.RetryQueue(d.Queue, delay), h)
 	return idemq.Decision{Action: idemq.ActionPublish, Outcome: idemq.OutcomeRetried, Message: &msg, Sender: p.send,
 		Reason: idemq.ReasonOf(cause), Attempt: attempt, Err: cause}
 }
@@ -601,7 +627,7 @@ func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error)
 	// in place (and wait) again. Not through a retry queue: no wait is
 	// needed, and a classic retry queue (retry_type: classic)
 	// dead-letters at most once, so it could drop it in a restart.
-	q := d.Queue
+	q, due := d.Queue, time.Time{}
 	if !rq.InPlace {
 		if len(p.cfg.Delays) == 0 {
 			return inPlace
@@ -613,12 +639,16 @@ func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error)
 			}
 		}
 		q = p.cfg.RetryQueue(d.Queue, delay)
+		due = p.cfg.Now().Add(delay)
 	}
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
 	h[idemq.HeaderQueue] = d.Queue // with x-idemq-requeues: the marker of idemq's own path
 	n, _ := Int(h[idemq.HeaderRequeues])
 	h[idemq.HeaderRequeues] = n + 1
+	if !due.IsZero() {
+		h[idemq.HeaderDue] = due.UnixMilli()
+	}
 	bound(h, p.cfg.ErrorTextLimit)
 	msg := republish(d, "", q, h)
 	inPlace.Action, inPlace.Message, inPlace.Sender, inPlace.Delay = idemq.ActionPublish, &msg, p.send, 0
@@ -692,6 +722,7 @@ func copyHeaders(src amqp.Table) amqp.Table {
 		h[k] = v
 	}
 	delete(h, idemq.HeaderDeliveryCount)
+	delete(h, idemq.HeaderDue) // set again when it goes to a delay queue
 	return h
 }
 

@@ -21,13 +21,13 @@ func ExampleForQueue() {
 	p := topology.ForQueue(topology.Queue{Name: "orders", Type: topology.Quorum})
 	fmt.Println(p.DLQ, p.DeliveryLimit)
 	for _, r := range p.Retries {
-		fmt.Println(r.Name, r.Args[topology.ArgMessageTTL])
+		fmt.Println(r.Name, r.Delay, r.Args[topology.ArgMessageTTL] != nil)
 	}
 	// Output:
 	// orders.dlq 20
-	// orders.retry.1000 1000
-	// orders.retry.5000 5000
-	// orders.retry.30000 30000
-	// orders.retry.120000 120000
-	// orders.retry.600000 600000
+	// orders.retry.1000 1s false
+	// orders.retry.5000 5s false
+	// orders.retry.30000 30s false
+	// orders.retry.120000 2m0s false
+	// orders.retry.600000 10m0s false
 }

@@ -85,19 +85,42 @@ type Queue struct {
 	RetryDelays []time.Duration `yaml:"retry_delays" json:"retry_delays,omitempty"`
 	// NoRetry declares no retry queues.
 	NoRetry bool `yaml:"no_retry" json:"no_retry,omitempty"`
-	// RetryType is the type of the retry queues. Default [Quorum]: quorum
-	// retry queues dead-letter back to the work queue at least once
-	// (x-dead-letter-strategy at-least-once, x-overflow reject-publish),
-	// so a delivery waiting in one survives a broker restart. [Classic]
-	// keeps the retry queues of idemq before v0.x (an existing classic
-	// retry queue cannot be redeclared as quorum: delete it when empty,
-	// or keep classic) and is at most once: RabbitMQ can drop what expires
-	// while the broker restarts (see docs/GUARANTEES.md).
+	// RetryType is the type of the retry queues. Default [Quorum]: a
+	// member on every node of a cluster, so a node loss leaves a delivery
+	// waiting for its retry available. [Classic] keeps the retry queues
+	// of idemq before v0.x (an existing classic retry queue cannot be
+	// redeclared as quorum: delete it when empty, or keep classic); with
+	// RetryRoute dead-letter it is at most once: RabbitMQ can drop what
+	// expires while the broker restarts (see docs/GUARANTEES.md).
 	RetryType QueueType `yaml:"retry_type" json:"retry_type,omitempty"`
+	// RetryRoute is how a delivery gets back from a retry queue to the
+	// work queue. Default [RouteRelease]: the retry queues have no TTL
+	// and no dead-letter route; the consumers of the work queue take
+	// each delivery when it is due (x-idemq-due), republish it with a
+	// confirm and ack it (idemq.DelayedRetries). [RouteDeadLetter]: the
+	// retry queues of idemq before v0.x, x-message-ttl and a dead-letter
+	// route back (at least once on quorum queues); the broker returns
+	// expired deliveries by itself, but after a restart RabbitMQ 3.10 can
+	// hold them for minutes (docs/GUARANTEES.md). An existing retry queue
+	// cannot be redeclared with other arguments: keep dead-letter, or
+	// drain and delete the retry queues first.
+	RetryRoute RetryRoute `yaml:"retry_route" json:"retry_route,omitempty"`
 	// Args are extra work-queue arguments (they must not contradict the
 	// ones computed here).
 	Args map[string]any `yaml:"args" json:"args,omitempty"`
 }
+
+// RetryRoute is how deliveries get back from the retry queues.
+type RetryRoute string
+
+// Retry routes.
+const (
+	// RouteRelease: the work queue's consumers release each delivery when
+	// it is due (the default).
+	RouteRelease RetryRoute = "release"
+	// RouteDeadLetter: message TTL and the broker's dead-letter route.
+	RouteDeadLetter RetryRoute = "dead-letter"
+)
 
 // Binding binds a queue to an exchange.
 type Binding struct {
@@ -129,18 +152,25 @@ const (
 )
 
 // RetryArgs returns the arguments of a retry queue of type typ ("" is
-// [Quorum]) holding messages for delay and dead-lettering them back to
-// queue through the default exchange.
-func RetryArgs(typ QueueType, queue string, delay time.Duration) amqp.Table {
+// [Quorum]) holding messages of queue for delay, for route ("" is
+// [RouteRelease]). Released retry queues are plain durable queues (a
+// quorum one with [DLQDeliveryLimit], as nothing may drop what waits in
+// it); dead-letter ones add x-message-ttl and a dead-letter route back to
+// queue through the default exchange, at least once on quorum queues.
+func RetryArgs(route RetryRoute, typ QueueType, queue string, delay time.Duration) amqp.Table {
 	if typ == "" {
 		typ = Quorum
 	}
-	args := amqp.Table{
-		ArgQueueType:    string(typ),
-		ArgMessageTTL:   roundMS(delay),
-		ArgDLX:          "",
-		ArgDLRoutingKey: queue,
+	args := amqp.Table{ArgQueueType: string(typ)}
+	if route != RouteDeadLetter {
+		if typ == Quorum {
+			args[ArgDeliveryLimit] = int64(DLQDeliveryLimit)
+		}
+		return args
 	}
+	args[ArgMessageTTL] = roundMS(delay)
+	args[ArgDLX] = ""
+	args[ArgDLRoutingKey] = queue
 	if typ == Quorum {
 		args[ArgDLStrategy] = DLStrategyAtLeastOnce
 		args[ArgOverflow] = OverflowRejectPublish
@@ -186,6 +216,7 @@ type Plan struct {
 	Notes         []string        // what the plan means where it is not obvious (no DLQ, no limit)
 	Delays        []time.Duration // in attempt order (may repeat)
 	Retries       []RetryQueue    // one per distinct delay, ascending
+	RetryRoute    RetryRoute      // how deliveries come back from Retries (never "")
 }
 
 // EffectiveDelays returns q's retry delays (defaults applied, rounded to
@@ -258,6 +289,10 @@ func ForQueue(q Queue) Plan {
 		p.Notes = append(p.Notes, `no dead-letter queue (dlq: "-"): a delivery that fails for good is rejected (nack without requeue) and the broker drops it`)
 	}
 	p.Delays = q.EffectiveDelays()
+	p.RetryRoute = q.RetryRoute
+	if p.RetryRoute == "" {
+		p.RetryRoute = RouteRelease
+	}
 	seen := map[time.Duration]bool{}
 	for _, d := range p.Delays {
 		if seen[d] {
@@ -267,7 +302,7 @@ func ForQueue(q Queue) Plan {
 		p.Retries = append(p.Retries, RetryQueue{
 			Name:  RetryQueueName(q.Name, d),
 			Delay: d,
-			Args:  RetryArgs(q.RetryType, q.Name, d),
+			Args:  RetryArgs(q.RetryRoute, q.RetryType, q.Name, d),
 		})
 	}
 	sort.Slice(p.Retries, func(i, j int) bool { return p.Retries[i].Delay < p.Retries[j].Delay })
@@ -406,7 +441,8 @@ func quoteName(n string) string {
 }
 
 // Warnings names what Validate accepts but loses messages on a broker
-// restart: a quorum work queue with classic retry queues. Classic retry
+// restart: a quorum work queue with classic retry queues on the
+// dead-letter route. Classic retry
 // queues dead-letter at most once, and after a restart they recover and
 // expire their messages before the quorum work queue has a leader, so
 // RabbitMQ drops them ("leader not known. Command is dropped"): 300 of 900
@@ -417,7 +453,7 @@ func quoteName(n string) string {
 func (t Topology) Warnings() []string {
 	var ws []string
 	for _, q := range t.Queues {
-		if q.Type == Quorum && q.RetryType == Classic && !q.NoRetry {
+		if q.Type == Quorum && q.RetryType == Classic && q.RetryRoute == RouteDeadLetter && !q.NoRetry {
 			ws = append(ws, fmt.Sprintf("queue %s: classic retry queues with a quorum work queue lose deliveries waiting for a retry when the broker restarts; "+
 				"use retry_type: quorum (drain and delete the classic retry queues first)", quoteName(q.Name)))
 		}
@@ -488,6 +524,11 @@ func (t Topology) Validate() error {
 		case "", Classic, Quorum:
 		default:
 			errs = append(errs, fmt.Errorf("%s: unknown retry_type %q (quorum or classic)", where, q.RetryType))
+		}
+		switch q.RetryRoute {
+		case "", RouteRelease, RouteDeadLetter:
+		default:
+			errs = append(errs, fmt.Errorf("%s: unknown retry_route %q (release or dead-letter)", where, q.RetryRoute))
 		}
 		switch q.DLQType {
 		case "", Classic, Quorum:

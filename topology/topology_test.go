@@ -25,8 +25,19 @@ func TestForQueue(t *testing.T) {
 	if len(p.Delays) != 3 || len(p.Retries) != 2 || p.Retries[0].Name != "orders.retry.100" || p.Retries[1].Name != "orders.retry.1000" {
 		t.Fatalf("retries %+v", p.Retries)
 	}
-	if p.Retries[0].Args[topology.ArgMessageTTL] != int64(100) || p.Retries[0].Args[topology.ArgDLRoutingKey] != "orders" {
-		t.Fatalf("retry args %v", p.Retries[0].Args)
+	// Released by the consumers (the default route): no TTL, no
+	// dead-letter route, a delivery limit nothing reaches.
+	if p.RetryRoute != topology.RouteRelease || len(p.Retries[0].Args) != 2 || p.Retries[0].Args[topology.ArgQueueType] != "quorum" ||
+		p.Retries[0].Args[topology.ArgDeliveryLimit] != int64(topology.DLQDeliveryLimit) {
+		t.Fatalf("retry args %v, route %q", p.Retries[0].Args, p.RetryRoute)
+	}
+	dl := topology.ForQueue(topology.Queue{Name: "orders", RetryRoute: topology.RouteDeadLetter, RetryDelays: []time.Duration{100 * time.Millisecond}})
+	if a := dl.Retries[0].Args; a[topology.ArgMessageTTL] != int64(100) || a[topology.ArgDLRoutingKey] != "orders" ||
+		a[topology.ArgDLStrategy] != topology.DLStrategyAtLeastOnce || a[topology.ArgDeliveryLimit] != nil {
+		t.Fatalf("dead-letter route retry args %v", a)
+	}
+	if c := topology.ForQueue(topology.Queue{Name: "c", RetryType: topology.Classic}); len(c.Retries[0].Args) != 1 {
+		t.Fatalf("released classic retry args %v", c.Retries[0].Args)
 	}
 	for _, tt := range []struct {
 		d    time.Duration
@@ -105,7 +116,10 @@ func cleanup(t *testing.T, top topology.Topology) {
 
 func TestDeclareIdempotentAndRoutes(t *testing.T) {
 	ex := testenv.Name(t, "x")
-	q := topology.Queue{Name: testenv.Name(t, "q"), Type: topology.Quorum, RetryDelays: []time.Duration{100 * time.Millisecond}}
+	// The broker's own route back (dead-letter): a message published to
+	// the retry queue returns without a consumer releasing it.
+	q := topology.Queue{Name: testenv.Name(t, "q"), Type: topology.Quorum, RetryDelays: []time.Duration{100 * time.Millisecond},
+		RetryRoute: topology.RouteDeadLetter}
 	top := topology.Topology{
 		Exchanges: []topology.Exchange{{Name: ex, Type: "topic"}},
 		Queues:    []topology.Queue{q},
@@ -295,8 +309,9 @@ func TestWarnings(t *testing.T) {
 		{"quorum work, default retry", topology.Queue{Name: "a", Type: topology.Quorum}, 0},
 		{"quorum work, quorum retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Quorum}, 0},
 		{"classic work, classic retry", topology.Queue{Name: "a", Type: topology.Classic, RetryType: topology.Classic}, 0},
-		{"quorum work, classic retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic}, 1},
-		{"quorum work, classic retry, no retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic, NoRetry: true}, 0},
+		{"quorum work, classic retry, released", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic}, 0},
+		{"quorum work, classic retry, dead-letter route", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic, RetryRoute: topology.RouteDeadLetter}, 1},
+		{"quorum work, classic retry, no retry", topology.Queue{Name: "a", Type: topology.Quorum, RetryType: topology.Classic, RetryRoute: topology.RouteDeadLetter, NoRetry: true}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			top := topology.Topology{Queues: []topology.Queue{tc.q}}

@@ -24,10 +24,13 @@ type appliedObject struct {
 	Kind string `json:"kind"` // exchange, queue, dlq, retry, binding
 	Name string `json:"name"`
 	Info string `json:"info,omitempty"`
-	// Retry queues only: their type and how they hand deliveries back
-	// (at-least-once: quorum, kept until the work queue confirmed;
-	// at-most-once: classic, can drop what expires in a broker restart).
+	// Retry queues only: their type and how deliveries get back: route
+	// release (the consumers republish each when due, confirmed) or
+	// dead-letter, then the strategy (at-least-once: quorum, kept until
+	// the work queue confirmed; at-most-once: classic, can drop what
+	// expires in a broker restart).
 	Type               string `json:"type,omitempty"`
+	Route              string `json:"route,omitempty"`
 	DeadLetterStrategy string `json:"dead_letter_strategy,omitempty"`
 	Overflow           string `json:"overflow,omitempty"`
 }
@@ -150,6 +153,14 @@ func describeTopology(t topology.Topology) []appliedObject {
 func describeRetry(p topology.Plan, r topology.RetryQueue) appliedObject {
 	o := appliedObject{Kind: "retry", Name: r.Name}
 	o.Type, _ = r.Args[topology.ArgQueueType].(string)
+	if p.RetryRoute == topology.RouteRelease {
+		// No TTL, no dead-lettering: the consumers of the work queue take
+		// each delivery when it is due and republish it (confirmed).
+		o.Route = string(topology.RouteRelease)
+		o.Info = o.Type + ", released by the consumers after " + r.Delay.String() + " -> " + p.Queue
+		return o
+	}
+	o.Route = string(topology.RouteDeadLetter)
 	o.Overflow, _ = r.Args[topology.ArgOverflow].(string)
 	o.DeadLetterStrategy, _ = r.Args[topology.ArgDLStrategy].(string)
 	if o.DeadLetterStrategy == "" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"path/filepath"
@@ -96,18 +97,21 @@ func TestDescribeTopologyShowsRetryQueueType(t *testing.T) {
 	tests := []struct {
 		name      string
 		retryType topology.QueueType
+		route     topology.RetryRoute
 		want      []string
 		strategy  string
 		overflow  string
 	}{
-		{"default", "", []string{"quorum", "dead-letter at-least-once", "overflow reject-publish", "ttl 1s -> q1"}, "at-least-once", "reject-publish"},
-		{"quorum", topology.Quorum, []string{"quorum", "dead-letter at-least-once", "overflow reject-publish"}, "at-least-once", "reject-publish"},
-		{"classic", topology.Classic, []string{"classic", "dead-letter at-most-once", "ttl 1s -> q1"}, "at-most-once", ""},
+		{"default", "", "", []string{"quorum", "released by the consumers after 1s -> q1"}, "", ""},
+		{"classic released", topology.Classic, topology.RouteRelease, []string{"classic", "released by the consumers after 1s -> q1"}, "", ""},
+		{"dead-letter", "", topology.RouteDeadLetter, []string{"quorum", "dead-letter at-least-once", "overflow reject-publish", "ttl 1s -> q1"}, "at-least-once", "reject-publish"},
+		{"quorum dead-letter", topology.Quorum, topology.RouteDeadLetter, []string{"quorum", "dead-letter at-least-once", "overflow reject-publish"}, "at-least-once", "reject-publish"},
+		{"classic dead-letter", topology.Classic, topology.RouteDeadLetter, []string{"classic", "dead-letter at-most-once", "ttl 1s -> q1"}, "at-most-once", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			objs := describeTopology(topology.Topology{Queues: []topology.Queue{
-				{Name: "q1", RetryType: tt.retryType, RetryDelays: []time.Duration{time.Second}},
+				{Name: "q1", RetryType: tt.retryType, RetryRoute: tt.route, RetryDelays: []time.Duration{time.Second}},
 			}})
 			var retry *appliedObject
 			for i := range objs {
@@ -123,6 +127,9 @@ func TestDescribeTopologyShowsRetryQueueType(t *testing.T) {
 					t.Errorf("retry line %q lacks %q", retry.Info, w)
 				}
 			}
+			if want := cmp.Or(tt.route, topology.RouteRelease); retry.Route != string(want) {
+				t.Errorf("JSON field route %q, want %q", retry.Route, want)
+			}
 			if retry.DeadLetterStrategy != tt.strategy || retry.Overflow != tt.overflow {
 				t.Errorf("JSON fields: dead_letter_strategy %q overflow %q, want %q %q", retry.DeadLetterStrategy, retry.Overflow, tt.strategy, tt.overflow)
 			}
@@ -134,7 +141,7 @@ func TestDescribeTopologyShowsRetryQueueType(t *testing.T) {
 // deliveries in a broker restart is declared (it may exist already) but
 // named on stderr and in the JSON output.
 func TestTopologyApplyWarnsOfClassicRetryOnQuorum(t *testing.T) {
-	file := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n    retry_type: classic\n")
+	file := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n    retry_type: classic\n    retry_route: dead-letter\n")
 	out, errOut, err := runCLI(t, "", "topology", "apply", "-f", file, "--dry-run")
 	if err != nil {
 		t.Fatal(err)
@@ -152,8 +159,10 @@ func TestTopologyApplyWarnsOfClassicRetryOnQuorum(t *testing.T) {
 	if !strings.Contains(js, `"warnings"`) || !strings.Contains(js, "retry_type: quorum") {
 		t.Fatalf("JSON output has no warnings:\n%s", js)
 	}
-	quiet := writeFile(t, "queues:\n  - name: orders\n    type: quorum\n")
-	if _, errOut, err := runCLI(t, "", "topology", "apply", "-f", quiet, "--dry-run"); err != nil || errOut != "" {
-		t.Fatalf("default retry type: err %v, stderr %q", err, errOut)
+	for _, y := range []string{"queues:\n  - name: orders\n    type: quorum\n", "queues:\n  - name: orders\n    type: quorum\n    retry_type: classic\n"} {
+		quiet := writeFile(t, y)
+		if _, errOut, err := runCLI(t, "", "topology", "apply", "-f", quiet, "--dry-run"); err != nil || errOut != "" {
+			t.Fatalf("released retry queues (%q): err %v, stderr %q", y, err, errOut)
+		}
 	}
 }
