@@ -84,6 +84,7 @@ FUZZ_TARGETS := \
 	. FuzzContentHeaderPayloadSize \
 	./retry FuzzParseXDeath \
 	./retry FuzzAttemptHeaders \
+	./internal/release FuzzDue \
 	./topology FuzzParseTopology \
 	./outbox FuzzDecodeHeaders \
 	./internal/redact FuzzRedactDSN \
@@ -116,8 +117,9 @@ RETRY_MESSAGES ?= 3000
 RETRY_RESTARTS ?= 8
 CLUSTER_RETRY_MESSAGES ?= 1500
 CLUSTER_RETRY_KILLS ?= 3
-broker-bugs: services ## probes of RabbitMQ defects idemq works around (not idemq's tests; fails while the broker has them): deleting at-least-once retry queues right after a restart
+broker-bugs: services ## probes of RabbitMQ defects idemq works around (not idemq's tests; fails while the broker has them): deleting at-least-once retry queues right after a restart; the TTL + dead-letter retry route measured through restarts (late and lost per row)
 	$(ENV) && $(GO) test -race -count=1 -timeout 10m -tags faults,brokerbugs -v -run '^TestBroker' ./topology
+	$(ENV) && IDEMQ_FAULT_DEADLETTER_ROUTE=1 $(GO) test -race -count=1 -timeout 20m -tags faults -v -run '^TestFaultRetryQueuesSurviveBrokerRestarts$$' ./topology
 
 chaos-retries: services ## the retry policy's fault test, longer: RETRY_MESSAGES messages failing twice each, RETRY_RESTARTS restarts of a private broker while they wait in quorum retry queues, quorum and classic work queues
 	$(ENV) && IDEMQ_FAULT_RETRY_MESSAGES=$(RETRY_MESSAGES) IDEMQ_FAULT_RETRY_RESTARTS=$(RETRY_RESTARTS) IDEMQ_FAULT_RETRY_WORK_TYPES=all \

@@ -105,3 +105,47 @@ func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 		})
 	}
 }
+
+// A message published straight into a retry queue without a valid ID
+// (not parked by idemq, whose retries keep theirs) is handed back when
+// due and dead-lettered with its reason before any handler runs; the one
+// with an ID next to it is handled as a retry. Nothing is dropped or
+// left behind.
+func TestReleasedWithoutValidIDIsDeadLettered(t *testing.T) {
+	q := topology.Queue{Name: testenv.Name(t, "q"), RetryDelays: []time.Duration{200 * time.Millisecond}}
+	p := declare(t, q)
+	var c calls
+	consume(t, p.Queue, retry.ForTopology(q, retry.Config{Sender: publisher(t), QuickAttempts: 1}),
+		func(ctx context.Context, d *idemq.Delivery) error {
+			c.add(d)
+			return nil
+		})
+	retryQ := p.Retries[0].Name
+	testenv.Publish(t, "", retryQ,
+		amqp.Publishing{Body: []byte("no id")},
+		amqp.Publishing{MessageId: "bad\x01id", Body: []byte("bad id")},
+		amqp.Publishing{MessageId: "good-1", Body: []byte("good")})
+	dls := waitDLQ(t, p.DLQ, 2)
+	reasons := map[string]string{}
+	for _, d := range dls {
+		reasons[string(d.Body)] = hs(d.Headers, idemq.HeaderReason)
+		if _, ok := d.Headers[idemq.HeaderDue]; ok {
+			t.Errorf("dead letter %q still carries %s", d.Body, idemq.HeaderDue)
+		}
+	}
+	if reasons["no id"] != idemq.ReasonMissingID || reasons["bad id"] != idemq.ReasonInvalidID {
+		t.Fatalf("dead-letter reasons %v, want missing-id and invalid-id", reasons)
+	}
+	for _, d := range dls {
+		if string(d.Body) == "bad id" && hs(d.Headers, idemq.HeaderOriginalMessageID) != "bad\x01id" {
+			t.Errorf("invalid ID not kept: %v", d.Headers[idemq.HeaderOriginalMessageID])
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "good-1 handled", func() bool { return c.n() == 1 })
+	testenv.Eventually(t, 10*time.Second, "retry queue empty", func() bool { n, _ := testenv.QueueCounts(t, retryQ); return n == 0 })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.dels) != 1 || c.dels[0].MessageID != "good-1" {
+		t.Fatalf("handler ran %d times, want for good-1 only", len(c.dels))
+	}
+}

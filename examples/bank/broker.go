@@ -144,6 +144,52 @@ func drainReasons(amqpURL, queue string) ([]string, []string, error) {
 	}
 }
 
+// findInQueues looks for the IDs of want in the work and retry queues
+// of p without taking anything (basic.get, then the channel closes and
+// the broker requeues all): the queue each one found is in, by ID; and
+// how many messages those queues hold that are neither ready nor
+// unacked — kept by the broker's at-least-once dead-letter worker of a
+// dead-letter route retry queue, out of reach of basic.get.
+func findInQueues(amqpURL string, p topology.Plan, want map[string]bool) (map[string]string, int) {
+	found := map[string]string{}
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return found, 0
+	}
+	defer conn.Close()
+	names := []string{p.Queue}
+	for _, r := range p.Retries {
+		names = append(names, r.Name)
+	}
+	held := 0
+	for _, n := range names {
+		ch, err := conn.Channel()
+		if err != nil {
+			return found, held
+		}
+		qi, err := ch.QueueDeclarePassive(n, true, false, false, false, nil)
+		if err != nil {
+			continue // the channel is closed by the error
+		}
+		got := 0
+		for {
+			d, ok, err := ch.Get(n, false)
+			if err != nil || !ok {
+				break
+			}
+			got++
+			if want[d.MessageId] {
+				found[d.MessageId] = n
+			}
+		}
+		if got < qi.Messages {
+			held += qi.Messages - got
+		}
+		_ = ch.Close() // gives back everything it got
+	}
+	return found, held
+}
+
 // restartSettle is how long after a broker restart the demo waits before
 // it deletes retry queues (see waitAfterRestart).
 const restartSettle = 10 * time.Second

@@ -122,6 +122,10 @@ func verdict(ledgers []*ledger) error {
 		if l.lost > 0 {
 			return fmt.Errorf("mode %s lost %d transfers: this is a bug", l.mode, l.lost)
 		}
+		if l.late > 0 || l.heldByBroker > 0 {
+			return fmt.Errorf("mode %s: %d transfers late, still queued (%v), %d messages held by the broker: not lost, but not applied by the deadline; the queues are kept",
+				l.mode, l.late, l.lateWhere, l.heldByBroker)
+		}
 		if l.transientEarly > 0 {
 			return fmt.Errorf("mode %s applied %d transfers at an attempt that failed: a failed attempt left its effect", l.mode, l.transientEarly)
 		}

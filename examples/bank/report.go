@@ -14,10 +14,15 @@ import (
 )
 
 type ledger struct {
-	mode                            string
-	published, unique, bad          int
-	deliveries, redeliveries, dups  int64
-	applied, twice, lost            int
+	mode                           string
+	published, unique, bad         int
+	deliveries, redeliveries, dups int64
+	applied, twice, lost           int
+	// late: transfers not applied by the deadline but still in a queue
+	// of the mode (lateWhere: by queue); heldByBroker: messages those
+	// queues held out of reach (a broker's dead-letter worker).
+	late, heldByBroker              int
+	lateWhere                       map[string]int
 	expected, actual                int64
 	deadLettered                    int
 	reasons                         map[string]int
@@ -67,6 +72,9 @@ type Ledger struct {
 	Applied      int            `json:"applied"`
 	AppliedTwice int            `json:"applied_twice"`
 	Lost         int            `json:"lost"`
+	Late         int            `json:"late"`
+	LateWhere    map[string]int `json:"late_in_queues,omitempty"`
+	HeldByBroker int            `json:"held_by_broker"`
 	Expected     int64          `json:"expected_total"`
 	Actual       int64          `json:"actual_total"`
 	DeadLettered int            `json:"dead_lettered"`
@@ -133,7 +141,7 @@ func writeLedgers(path string, ls []*ledger) error {
 	for _, l := range ls {
 		out = append(out, Ledger{Mode: l.mode, Published: l.published, Unique: l.unique, Malformed: l.bad,
 			Deliveries: l.deliveries, Redeliveries: l.redeliveries, Duplicates: l.dups, Applied: l.applied,
-			AppliedTwice: l.twice, Lost: l.lost, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
+			AppliedTwice: l.twice, Lost: l.lost, Late: l.late, LateWhere: l.lateWhere, HeldByBroker: l.heldByBroker, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
 			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck,
@@ -154,7 +162,7 @@ func (l *ledger) exact() bool {
 	// A consumer killed between publishing a dead letter and acking the
 	// original dead-letters it again on redelivery: duplicated dead letters
 	// are allowed, missing ones are not.
-	return l.lost == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad && l.validDead == 0 &&
+	return l.lost == 0 && l.late == 0 && l.twice == 0 && l.expected == l.actual && l.deadLettered >= l.bad && l.validDead == 0 &&
 		l.transientEarly == 0
 }
 
@@ -216,6 +224,7 @@ func ledgerRows() []ledgerRow {
 		{"transfers applied", func(l *ledger) string { return itoa(int64(l.applied)) }},
 		{"transfers applied twice or more", func(l *ledger) string { return itoa(int64(l.twice)) }},
 		{"transfers lost", func(l *ledger) string { return itoa(int64(l.lost)) }},
+		{"transfers late (still queued)", func(l *ledger) string { return itoa(int64(l.late)) }},
 		{"expected total balance", func(l *ledger) string { return itoa(l.expected) }},
 		{"actual total balance", func(l *ledger) string { return itoa(l.actual) }},
 		{"dead-lettered (malformed: " + fmt.Sprint(len(badMessages())) + ")", func(l *ledger) string { return itoa(int64(l.deadLettered)) }},

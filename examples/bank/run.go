@@ -45,6 +45,9 @@ type modeRun struct {
 	// restartedAt is when the mode's last broker restart ended
 	// (UnixNano; 0: none).
 	restartedAt atomic.Int64
+	// keepQueues is set when a queue of the mode still holds a transfer
+	// at the end (a late one): the queues are kept for inspection.
+	keepQueues bool
 
 	events []faultEvent // fired as the consumers progress (runAtProgress)
 	// The publisher holds at these points until a fault has begun, so that
@@ -111,7 +114,7 @@ func (r *modeRun) setUp(ctx context.Context) error {
 	if r.dir, err = os.MkdirTemp("", "bank-demo-"); err != nil {
 		return err
 	}
-	r.l = &ledger{mode: r.mode, reasons: map[string]int{}, redis: "-"}
+	r.l = &ledger{mode: r.mode, reasons: map[string]int{}, lateWhere: map[string]int{}, redis: "-"}
 	// The children's logs are kept when one of them hung on SIGTERM: its
 	// goroutine dump is in there.
 	r.onExit(func() {
@@ -128,6 +131,10 @@ func (r *modeRun) setUp(ctx context.Context) error {
 		// still starting after a restart (docs/RABBITMQ_VERSIONS.md): the
 		// broker would then nack every later retry publish, the next
 		// mode's or test's included. Let the workers start first.
+		if r.keepQueues {
+			fmt.Fprintf(os.Stderr, "%s: queues of %s kept: they hold transfers that came late\n", r.mode, r.q.Name)
+			return
+		}
 		waitAfterRestart(r.restartedAt.Load(), restartSettle)
 		deleteQueues(r.o.amqpURL, topology.ForQueue(r.q))
 	})
@@ -330,18 +337,35 @@ func (r *modeRun) tally(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	missing := map[string]bool{}
 	for i := 0; i < r.o.messages; i++ {
 		if k := transientFailures(r.transferID(i), r.o.failRate); k > 0 {
 			r.tallyTransient(k, first[r.transferID(i)])
 		}
 		switch n := counts[r.transferID(i)]; {
 		case n == 0:
-			l.lost++
+			missing[r.transferID(i)] = true
 		case n > 1:
 			l.twice++
 		}
 		if counts[r.transferID(i)] > 0 {
 			l.applied++
+		}
+	}
+	l.lost = len(missing)
+	if len(missing) > 0 {
+		// Late or lost: a transfer still in one of the mode's queues
+		// (the work queue, a retry queue) came late; only what is
+		// nowhere is lost. The queues are then kept.
+		where, held := findInQueues(r.o.amqpURL, topology.ForQueue(r.q), missing)
+		for _, q := range where {
+			l.late++
+			l.lateWhere[q]++
+		}
+		l.lost -= len(where)
+		l.heldByBroker = held
+		if len(where) > 0 || held > 0 {
+			r.keepQueues = true
 		}
 	}
 	if err := r.pool.QueryRow(ctx, `SELECT COALESCE(SUM(balance),0) FROM accounts`).Scan(&l.actual); err != nil {
