@@ -180,11 +180,17 @@ func (r *Releaser) consume(ctx context.Context, q Queue) error {
 	defer func() {
 		// Let the republishes in flight finish and ack (bounded when
 		// stopping), then close: the broker takes back what is still held.
-		done := make(chan struct{})
-		go func() { inflight.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(time.Duration(max(r.drain.Load(), int64(time.Second)))):
+		// A closed channel cannot ack: nothing to wait for (the broker has
+		// taken everything back already).
+		if !ch.IsClosed() && !r.conn.IsClosed() {
+			done := make(chan struct{})
+			go func() { inflight.Wait(); close(done) }()
+			t := time.NewTimer(time.Duration(max(r.drain.Load(), int64(time.Second))))
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
 		}
 		_ = ch.Close()
 	}()
