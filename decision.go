@@ -164,8 +164,22 @@ type DelayQueue struct {
 // dead-lettering is involved, so a delayed retry comes back on time
 // after a broker restart too. A nil Sender or no queues: nothing to
 // release.
+//
+// A policy that wraps another must forward DelayQueues (with
+// [DelayQueuesOf]): otherwise the consumer releases nothing and the
+// wrapped policy's retries wait in their queues until a consumer that
+// does release them runs.
 type DelayedRetries interface {
 	DelayQueues(queue string) (Sender, []DelayQueue)
+}
+
+// DelayQueuesOf returns p's delay queues for queue when p parks
+// deliveries in delay queues ([DelayedRetries]), else nil.
+func DelayQueuesOf(p FailurePolicy, queue string) (Sender, []DelayQueue) {
+	if dr, ok := p.(DelayedRetries); ok {
+		return dr.DelayQueues(queue)
+	}
+	return nil, nil
 }
 
 // Run describes one run of a delivery's handler chain, the input of

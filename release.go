@@ -46,11 +46,10 @@ const lateRelease = time.Second
 // startRelease starts releasing the policy's delay queues on conn; nil
 // when there is nothing to release. The caller stops it.
 func (c *Consumer) startRelease(ctx context.Context, conn *amqp.Connection) *release.Releaser {
-	dr, ok := c.policy.(DelayedRetries)
-	if !ok || c.cfg.Release.Disabled {
+	if c.cfg.Release.Disabled {
 		return nil
 	}
-	send, dqs := dr.DelayQueues(c.cfg.Queue)
+	send, dqs := DelayQueuesOf(c.policy, c.cfg.Queue)
 	if send == nil || len(dqs) == 0 {
 		return nil
 	}

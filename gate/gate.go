@@ -284,6 +284,12 @@ func (k *keepOriginal) Decide(d *idemq.Delivery, r idemq.Run) idemq.Decision {
 	return dec
 }
 
+// DelayQueues forwards the retry policy's delay queues, so the consumer
+// releases them (an embedded interface does not promote it).
+func (k *keepOriginal) DelayQueues(queue string) (idemq.Sender, []idemq.DelayQueue) {
+	return idemq.DelayQueuesOf(k.FailurePolicy, queue)
+}
+
 // original returns d's headers as they arrived.
 func (k *keepOriginal) original(d *idemq.Delivery) amqp.Table {
 	if h, ok := k.orig.Load(d); ok {

@@ -93,6 +93,12 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	return &Router{cfg: cfg, send: timeoutSender{cfg.Sender, cfg.Timeout}}, nil
 }
 
+// DelayQueues is the wrapped policy's ([idemq.DelayedRetries]): the
+// consumer releases its retry queues.
+func (r *Router) DelayQueues(queue string) (idemq.Sender, []idemq.DelayQueue) {
+	return idemq.DelayQueuesOf(r.cfg.Policy, queue)
+}
+
 // Admit is the wrapped policy's.
 func (r *Router) Admit(d *idemq.Delivery) (idemq.Decision, bool) { return r.cfg.Policy.Admit(d) }
 

@@ -295,3 +295,24 @@ func TestVerifierResolvesFalsePositivesEndToEnd(t *testing.T) {
 		t.Errorf("%d uncertain with a verifier", u)
 	}
 }
+
+// senderFunc is a Sender that never reaches a broker.
+type senderFunc func(ctx context.Context, m idemq.Message) error
+
+func (f senderFunc) Publish(ctx context.Context, m idemq.Message) error { return f(ctx, m) }
+
+// The router wraps the retry policy: it forwards the policy's delay
+// queues, so the consumer releases them (without it the retries of a
+// router pipeline would wait in their queues for good).
+func TestRouterForwardsDelayQueues(t *testing.T) {
+	send := senderFunc(func(context.Context, idemq.Message) error { return nil })
+	p := retryPolicy(t, retry.Config{Sender: send, Delays: []time.Duration{time.Second, 5 * time.Second, time.Second}})
+	r := router(t, bloom.RouterConfig{Sender: send, Policy: p})
+	s, qs := idemq.DelayQueuesOf(r, "orders")
+	if s == nil || len(qs) != 2 || qs[0].Name != "orders.retry.1000" || qs[1].Name != "orders.retry.5000" || qs[1].Delay != 5*time.Second {
+		t.Fatalf("DelayQueuesOf(router) = %v, %+v; want the retry policy's two queues", s, qs)
+	}
+	if s, qs := idemq.DelayQueuesOf(idemq.BasePolicy{}, "orders"); s != nil || qs != nil {
+		t.Fatalf("BasePolicy parks nothing, got %v %v", s, qs)
+	}
+}
