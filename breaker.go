@@ -55,6 +55,17 @@ type BreakerConfig struct {
 	// unavailable waits before the consumer gives it back, when its error
 	// does not say (a [RequeueError]'s After). Default 1s.
 	RetryAfter time.Duration
+	// AskTimeout bounds the probe run that decides whether a failure in a
+	// shape nobody listed is an outage (see breaker_ask.go): with Probes,
+	// a failed run whose error is not a duplicate, permanent, rejected,
+	// a deferral or already an outage is an attempt only if every probe
+	// passes within AskTimeout; otherwise it is an outage, not counted.
+	// Default 2s; negative: never ask (only errors for which
+	// [IsUnavailable] holds are outages).
+	AskTimeout time.Duration
+	// AskReuse is how long a probe answer decides later failures without
+	// asking again. Default 250ms.
+	AskReuse time.Duration
 }
 
 func (c BreakerConfig) withDefaults() BreakerConfig {
@@ -72,6 +83,12 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 	}
 	if c.RetryAfter <= 0 {
 		c.RetryAfter = time.Second
+	}
+	if c.AskTimeout == 0 {
+		c.AskTimeout = 2 * time.Second
+	}
+	if c.AskReuse <= 0 {
+		c.AskReuse = 250 * time.Millisecond
 	}
 	return c
 }
@@ -102,6 +119,8 @@ type breaker struct {
 	wake    chan struct{}
 	timer   *time.Timer
 	cause   error
+
+	asked askState // breaker_ask.go
 }
 
 func newBreaker(cfg BreakerConfig, rec Recorder, log *slog.Logger) *breaker {

@@ -55,6 +55,9 @@ const (
 	CountUnavailable       = "dependency_unavailable" // deliveries given back: a dependency was unavailable (not an attempt)
 	CountDependencyOutages = "dependency_outages"     // times the breaker paused the consumer
 	CountPausedMillis      = "paused_ms"              // total time paused by the breaker, in milliseconds
+	// CountProbedOutages: failed runs whose error named no outage, made
+	// outages because a breaker probe failed when asked (not attempts).
+	CountProbedOutages = "dependency_probed_outages"
 )
 
 // Recorder receives counter increments. It must be safe for concurrent use.

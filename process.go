@@ -28,7 +28,11 @@ func (c *Consumer) process(ctx context.Context, x *executor, j job) {
 // decide asks the policy to admit d, runs the chain, and asks the policy
 // what next until it stops asking for another run.
 func (c *Consumer) decide(ctx context.Context, d *Delivery) Decision {
-	return decide(ctx, c.policy, d, c.run, func(err error) {
+	return decide(ctx, c.policy, d, func(ctx context.Context, d *Delivery) error {
+		// An error in a shape nobody listed is an outage when the
+		// dependency says so (breaker_ask.go).
+		return c.brk.ask(ctx, c.run(ctx, d))
+	}, func(err error) {
 		if err != nil && !IsDuplicate(err) {
 			c.rec.Add(CountFailed, 1)
 		}
