@@ -2,10 +2,13 @@ package sqldb
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"database/sql/driver"
 	"errors"
 	"io"
 	"net"
+	"net/url"
 	"strings"
 	"syscall"
 )
@@ -84,4 +87,47 @@ func walk(err error, f func(error) bool) bool {
 		}
 	}
 	return false
+}
+
+// ConfigError reports whether err is a definite configuration error of a
+// database connection, one no wait can fix: the server refused the
+// credentials or does not know the database or the user (PostgreSQL
+// SQLSTATE 28P01, 28000, 3D000; MySQL/MariaDB errors 1044, 1045, 1049,
+// 1698), the server's certificate failed verification, or the URL does
+// not parse. Everything else — a server that is down, starting, refusing
+// connections, full, stalled, or answering in a way nobody listed — is
+// not: a process starting waits it out (idemq.WaitFor).
+func ConfigError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var sqlState interface{ SQLState() string }
+	if errors.As(err, &sqlState) {
+		switch sqlState.SQLState() {
+		case "28P01", "28000", "3D000":
+			return true
+		}
+	}
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	var urlErr *url.Error
+	if errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid) || errors.As(err, &verify) {
+		return true
+	}
+	if errors.As(err, &urlErr) && urlErr.Op == "parse" {
+		return true
+	}
+	return walk(err, func(e error) bool {
+		// go-sql-driver/mysql's MySQLError reads "Error 1045 (28000): …";
+		// pgx's parse errors "cannot parse `…`".
+		msg := e.Error()
+		for _, code := range []string{"Error 1044 ", "Error 1045 ", "Error 1049 ", "Error 1698 "} {
+			if strings.HasPrefix(msg, code) {
+				return true
+			}
+		}
+		return strings.HasPrefix(msg, "cannot parse `")
+	})
 }

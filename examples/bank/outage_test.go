@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,17 +12,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/topology"
 )
 
-// A `bank consume` started while its PostgreSQL is down (restarted by its
-// supervisor mid-outage) keeps running, waiting for the database with
+// A `bank consume` started while its PostgreSQL is unusable (restarted by
+// its supervisor mid-outage) keeps running, waiting for the database with
 // backoff, and processes the backlog once the database is back — it does
-// not exit with "failed to connect".
+// not exit. The shapes: the server stopped (connection refused), the
+// server refusing new connections with a server error (SQLSTATE 55000,
+// "not currently accepting connections": no list of outage errors held
+// it, and the consumer exited at once), and a server that accepts the
+// connection and never answers (a stall: it exited with "failed to
+// receive message: timeout").
 func TestConsumeStartsDuringOutage(t *testing.T) {
+	for _, shape := range []string{"stopped", "refusing connections (55000)", "stalled"} {
+		t.Run(shape, func(t *testing.T) { consumeStartsDuring(t, shape) })
+	}
+}
+
+func consumeStartsDuring(t *testing.T, shape string) {
 	testenv.RequireAMQP(t)
 	bin := buildBank(t)
 	pg := testenv.StartPrivatePostgres(t)
@@ -48,14 +61,45 @@ func TestConsumeStartsDuringOutage(t *testing.T) {
 	}
 	testenv.Publish(t, "", queue, msgs...) // the backlog
 
-	pg.Stop()
+	consumeURL := db
+	var back func()
+	switch shape {
+	case "stopped":
+		pg.Stop()
+		back = pg.Start
+	case "refusing connections (55000)":
+		admin := func(sql string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, pg.URL())
+			if err != nil {
+				t.Fatalf("admin connection: %v", err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+		admin(`ALTER DATABASE bank ALLOW_CONNECTIONS false`)
+		back = func() { admin(`ALTER DATABASE bank ALLOW_CONNECTIONS true`) }
+	case "stalled":
+		u, err := url.Parse(db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy := testenv.NewProxy(t, u.Host)
+		u.Host = proxy.Addr()
+		consumeURL = u.String()
+		proxy.Stall()
+		back = proxy.Resume
+	}
 	logPath := filepath.Join(t.TempDir(), "consume.log")
 	out, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "consume", "--mode", "inbox", "--queue", queue, "--queue-type", "classic",
-		"--postgres", db, "--workers", "2", "--prefetch", "10")
+		"--postgres", consumeURL, "--workers", "2", "--prefetch", "10")
 	cmd.Env = testenv.Env()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -68,12 +112,12 @@ func TestConsumeStartsDuringOutage(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "consume to report it waits for PostgreSQL", func() bool {
 		select {
 		case err := <-exited:
-			t.Fatalf("bank consume exited while PostgreSQL is down (%v):\n%s", err, logText())
+			t.Fatalf("bank consume exited while PostgreSQL is %s (%v):\n%s", shape, err, logText())
 		default:
 		}
 		return strings.Contains(logText(), "waiting for it")
 	})
-	pg.Start()
+	back()
 	testenv.Eventually(t, 60*time.Second, "the backlog applied once PostgreSQL is back", func() bool {
 		select {
 		case err := <-exited:

@@ -19,6 +19,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	paused bool
+	stall  bool // accept and hold new connections, never answer (Stall)
 	cuts   int
 }
 
@@ -63,6 +64,14 @@ func (p *Proxy) accept() {
 		if p.paused {
 			p.mu.Unlock()
 			c.Close()
+			continue
+		}
+		if p.stall {
+			// Accepted, never answered: held (read and dropped) until a
+			// Cut or Resume closes it.
+			p.conns[c] = struct{}{}
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(io.Discard, c) }()
 			continue
 		}
 		p.mu.Unlock()
@@ -116,11 +125,26 @@ func (p *Proxy) Pause() {
 	p.Cut()
 }
 
-// Resume accepts connections again.
+// Stall makes the server look frozen (a black-holed network, a stopped
+// process): open connections are cut, new ones are accepted and never
+// answered, until Resume.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stall = true
+	p.mu.Unlock()
+	p.Cut()
+}
+
+// Resume accepts and forwards connections again; connections held by a
+// Stall are closed.
 func (p *Proxy) Resume() {
 	p.mu.Lock()
-	p.paused = false
+	wasStalled := p.stall
+	p.paused, p.stall = false, false
 	p.mu.Unlock()
+	if wasStalled {
+		p.Cut()
+	}
 }
 
 // Close stops the proxy and closes every connection.
