@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -111,7 +112,9 @@ func (r *modeRun) planBrokerRestarts() {
 const retryWaitMax = 5 * time.Second
 
 // waitRetryWaiting waits until the mode's retry queues hold messages (at
-// most retryWaitMax) and returns how many they hold.
+// most retryWaitMax) and returns how many they hold: the ready ones, and
+// the ones the consumers hold until they are due (parked and not yet
+// released, from the consumers' counters; approximate after a kill).
 func (r *modeRun) waitRetryWaiting(ctx context.Context) int {
 	deadline := time.Now().Add(retryWaitMax)
 	for {
@@ -120,6 +123,11 @@ func (r *modeRun) waitRetryWaiting(ctx context.Context) int {
 			d, _ := queueDepth(r.o.amqpURL, q.Name)
 			n += d
 		}
+		var parked int64
+		for _, st := range r.sup.stats() {
+			parked += st[idemq.CountRetried] - st[idemq.CountReleased]
+		}
+		n += int(max(parked, 0))
 		if n > 0 || time.Now().After(deadline) || ctx.Err() != nil {
 			return n
 		}
