@@ -72,7 +72,7 @@ func (e *DependencyConfigError) Unwrap() []error { return []error{ErrDependencyC
 // server refusing connections, a database that is starting up or not
 // accepting connections, too many clients, a stall that times out, an
 // error nobody listed — is waited out with backoff, logged once when the
-// wait begins and once when it ends. Only a configuration error (the
+// wait begins, again every minute it goes on, and once when it ends. Only a configuration error (the
 // dependency's Config) still failing after Grace ends the wait, with a
 // [*DependencyConfigError] naming what to fix. When ctx ends first, the
 // error wraps ctx's error and the last check's.
@@ -103,8 +103,12 @@ func WaitFor(ctx context.Context, cfg WaitConfig, deps ...Dependency) error {
 	return nil
 }
 
+// stillWaitingEvery is how often a wait that goes on is logged again.
+const stillWaitingEvery = time.Minute
+
 func waitOne(ctx context.Context, cfg WaitConfig, d Dependency) error {
 	start := time.Now()
+	var lastWarn time.Time
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, cfg.CheckTimeout)
 		err := d.Check(cctx)
@@ -122,9 +126,17 @@ func waitOne(ctx context.Context, cfg WaitConfig, d Dependency) error {
 		if d.Config != nil && d.Config(err) && time.Since(start) >= cfg.Grace {
 			return &DependencyConfigError{Dependency: d.Name, Fix: d.Fix, Err: err}
 		}
-		if attempt == 0 {
+		switch {
+		case attempt == 0:
 			cfg.Logger.Warn("idemq: dependency not ready at start; waiting for it", "dependency", d.Name, "err", err)
-		} else {
+			lastWarn = time.Now()
+		case time.Since(lastWarn) >= stillWaitingEvery:
+			// An error that never passes (a schema the migration cannot
+			// change, say) must not make a silent hang.
+			cfg.Logger.Warn("idemq: dependency still not ready; waiting for it", "dependency", d.Name, "err", err,
+				"waited", time.Since(start).Round(time.Second))
+			lastWarn = time.Now()
+		default:
 			cfg.Logger.Debug("idemq: dependency still not ready", "dependency", d.Name, "err", err, "attempt", attempt+1)
 		}
 		if serr := backoff.Sleep(ctx, cfg.Backoff.Delay(attempt)); serr != nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/sqldb"
 	"github.com/idemq/idemq/sqldb/mysql"
@@ -73,4 +75,17 @@ func openStore(ctx context.Context, d relayDB, db sqldb.DB, table string, noMigr
 		cfg.Listen = postgres.Listener(d.dsn)
 	}
 	return outbox.NewStore(ctx, db, cfg)
+}
+
+// waitDB runs f (a migration, a store's setup) until it succeeds, as a
+// service starts (idemq.WaitFor): a database that is down, starting,
+// refusing connections or stalled is waited out, logged once when the
+// wait begins, every minute it goes on and when it ends; only a definite
+// configuration error (sqldb.ConfigError) still failing after the grace
+// period ends it, naming --db.
+func waitDB(ctx context.Context, log *slog.Logger, d relayDB, what string, f func(context.Context) error) error {
+	return idemq.WaitFor(ctx, idemq.WaitConfig{Logger: log}, idemq.Dependency{
+		Name: what + " (" + d.dialect + " " + d.redacted() + ")", Check: f, Config: sqldb.ConfigError,
+		Fix: "--db: user, password, database, host",
+	})
 }

@@ -292,8 +292,15 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 		return err
 	}
 	defer closeDB()
-	store, err := openStore(ctx, d, db, f.table, f.noMigrate, f.deleteSent)
+	var store *outbox.SQLStore
+	err = waitDB(ctx, log, d, "outbox database", func(ctx context.Context) (err error) {
+		store, err = openStore(ctx, d, db, f.table, f.noMigrate, f.deleteSent)
+		return err
+	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting: a clean exit
+		}
 		return err
 	}
 	if err := checkBroker(ctx, log, amqpU, 10*time.Second); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
@@ -247,5 +250,86 @@ func TestRelayCommandSIGTERM(t *testing.T) {
 	}
 	if len(got) != 1 || got[0] != "sigterm-1" {
 		t.Fatalf("consumed %v", got)
+	}
+}
+
+// TestRelayStartsWhileDatabaseRefuses starts `idemq relay` while its
+// PostgreSQL database refuses new connections with a server error
+// (SQLSTATE 55000, no list of outage errors named it: the relay exited at
+// once): it waits, logged, and relays once the database accepts
+// connections again.
+func TestRelayStartsWhileDatabaseRefuses(t *testing.T) {
+	testenv.RequireAMQP(t)
+	dsn := testenv.PostgresDB(t)
+	q := testenv.Queue(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	store, db := testStore(ctx, t, relayDB{"postgres", dsn})
+	if err := store.Add(ctx, db, outbox.Message{ID: "refused-1", RoutingKey: q, Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := func(sql string) {
+		conn, err := pgx.Connect(ctx, testenv.PostgresURL())
+		if err != nil {
+			t.Fatalf("admin connection: %v", err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	admin(fmt.Sprintf(`ALTER DATABASE %q ALLOW_CONNECTIONS false`, cfg.Database))
+	admin(fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '%s' AND pid <> pg_backend_pid()`, cfg.Database))
+	allowed := false
+	allow := func() {
+		if !allowed {
+			allowed = true
+			admin(fmt.Sprintf(`ALTER DATABASE %q ALLOW_CONNECTIONS true`, cfg.Database))
+		}
+	}
+	t.Cleanup(allow)
+
+	args := []string{"relay", "--db", dsn, "--poll", "100ms", "--log-format", "text"}
+	child := exec.Command(os.Args[0], "-test.run=^TestHelperRelayMain$")
+	child.Env = testenv.Env("IDEMQ_TEST_RELAY_MAIN_ARGS=" + strings.Join(args, "\x1f"))
+	var logs syncBuffer
+	child.Stdout, child.Stderr = &logs, &logs
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	exited := make(chan error, 1)
+	go func() { exited <- child.Wait() }()
+	testenv.Eventually(t, 30*time.Second, "the relay waits for its database", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("relay exited while the database refused connections (%v):\n%s", err, logs.String())
+		default:
+		}
+		return strings.Contains(logs.String(), "waiting for it")
+	})
+	allow()
+	var got []string
+	testenv.Eventually(t, 30*time.Second, "the row relayed once the database accepts connections", func() bool {
+		for _, d := range testenv.Drain(t, q) {
+			got = append(got, d.MessageId)
+		}
+		return len(got) > 0
+	})
+	if len(got) != 1 || got[0] != "refused-1" {
+		t.Fatalf("relayed %v", got)
+	}
+	_ = child.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("relay exited with %v after SIGTERM\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("relay did not exit after SIGTERM\n%s", logs.String())
 	}
 }
