@@ -209,3 +209,49 @@ func (d *Delivery) HeaderString(key string) string {
 	}
 	return ""
 }
+
+// Message returns the message that carries d on to exchange/routingKey
+// with headers h: the ID the consumer decided for d (its raw message_id
+// when it has no valid one), the body and every property a publish can
+// set. The retry policy, the dead-letter paths and the Bloom router build
+// their republishes with it.
+func (d *Delivery) Message(exchange, routingKey string, h amqp.Table) Message {
+	return Message{
+		ID:              d.LogID(),
+		Exchange:        exchange,
+		RoutingKey:      routingKey,
+		Body:            d.Body,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Headers:         h,
+		CorrelationID:   d.CorrelationID,
+		ReplyTo:         d.ReplyTo,
+		Type:            d.Type,
+		AppID:           d.AppID,
+		Priority:        d.Priority,
+		Timestamp:       d.Timestamp,
+		Transient:       d.DeliveryMode == amqp.Transient,
+	}
+}
+
+// MessageOf is [Delivery.Message] for a raw delivery taken from the
+// broker outside a consumer (a dead-letter queue, a delay queue): its
+// message_id, body and properties, to exchange/routingKey with headers h.
+func MessageOf(d *amqp.Delivery, exchange, routingKey string, h amqp.Table) Message {
+	return Message{
+		ID:              d.MessageId,
+		Exchange:        exchange,
+		RoutingKey:      routingKey,
+		Body:            d.Body,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Headers:         h,
+		CorrelationID:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		Type:            d.Type,
+		AppID:           d.AppId,
+		Priority:        d.Priority,
+		Timestamp:       d.Timestamp,
+		Transient:       d.DeliveryMode == amqp.Transient,
+	}
+}

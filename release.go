@@ -117,21 +117,9 @@ func released(d *amqp.Delivery, queue string) Message {
 			h[HeaderRequeues] = int64(1) // with HeaderQueue: idemq's own path
 		}
 	}
-	return Message{
-		ID:              id,
-		RoutingKey:      queue,
-		Body:            d.Body,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		Headers:         h,
-		CorrelationID:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		Type:            d.Type,
-		AppID:           d.AppId,
-		Priority:        d.Priority,
-		Timestamp:       d.Timestamp,
-		Transient:       d.DeliveryMode == amqp.Transient,
-	}
+	m := MessageOf(d, "", queue, h)
+	m.ID = id
+	return m
 }
 
 // truncateID bounds an invalid ID kept in a header.

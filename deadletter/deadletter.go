@@ -565,10 +565,5 @@ func Republish(d *amqp.Delivery, exchange, routingKey string, now time.Time) ide
 		h[k] = v
 	}
 	h[idemq.HeaderReplayedAt] = now.UTC().Format(retry.TimeFormat)
-	return idemq.Message{
-		ID: d.MessageId, Exchange: exchange, RoutingKey: routingKey, Body: d.Body,
-		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, Headers: h,
-		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Type: d.Type, AppID: d.AppId,
-		Priority: d.Priority, Timestamp: d.Timestamp, Transient: d.DeliveryMode == amqp.Transient,
-	}
+	return idemq.MessageOf(d, exchange, routingKey, h)
 }

@@ -159,10 +159,5 @@ func Archived(d *amqp.Delivery, queue string, now time.Time) idemq.Message {
 		h[k] = v
 	}
 	h[HeaderArchivedAt] = now.UTC().Format(retry.TimeFormat)
-	return idemq.Message{
-		ID: d.MessageId, RoutingKey: queue, Body: d.Body,
-		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, Headers: h,
-		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Type: d.Type, AppID: d.AppId,
-		Priority: d.Priority, Timestamp: d.Timestamp, Transient: d.DeliveryMode == amqp.Transient,
-	}
+	return idemq.MessageOf(d, "", queue, h)
 }

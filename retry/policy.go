@@ -736,23 +736,13 @@ func errText(err error) string {
 // republishID is the ID a republish of d carries (see republish).
 func republishID(d *idemq.Delivery) string { return republish(d, "", "", nil).ID }
 
-// republish builds the message that carries d to exchange/key with headers h.
+// republish builds the message that carries d to exchange/key with headers
+// h. Retries and dead letters are persistent whatever the original's
+// delivery mode: a broker restart must not lose a failure.
 func republish(d *idemq.Delivery, exchange, key string, h amqp.Table) idemq.Message {
-	return idemq.Message{
-		ID:              d.LogID(), // the ID the consumer decided, when valid
-		Exchange:        exchange,
-		RoutingKey:      key,
-		Body:            d.Body,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		Headers:         h,
-		CorrelationID:   d.CorrelationID,
-		ReplyTo:         d.ReplyTo,
-		Type:            d.Type,
-		AppID:           d.AppID,
-		Priority:        d.Priority,
-		Timestamp:       d.Timestamp,
-	}
+	m := d.Message(exchange, key, h)
+	m.Transient = false
+	return m
 }
 
 // Counter names the policy's decisions add (besides idemq.CountRetried and

@@ -139,21 +139,9 @@ func (r *Router) suspect(d *idemq.Delivery, sde *SuspectedDuplicateError) idemq.
 	headers[idemq.HeaderOriginalQueue] = d.Queue
 	headers[idemq.HeaderOriginalExchange] = d.Exchange
 	headers[idemq.HeaderOriginalRoutingKey] = d.RoutingKey
-	return idemq.Message{
-		ID:              suspectID(d, sde.Key),
-		RoutingKey:      queue,
-		Body:            d.Body,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		Headers:         headers,
-		CorrelationID:   d.CorrelationID,
-		ReplyTo:         d.ReplyTo,
-		Type:            d.Type,
-		AppID:           d.AppID,
-		Priority:        d.Priority,
-		Timestamp:       d.Timestamp,
-		Transient:       d.DeliveryMode == amqp.Transient,
-	}
+	m := d.Message("", queue, headers)
+	m.ID = suspectID(d, sde.Key)
+	return m
 }
 
 // timeoutSender bounds each publish (with its confirm).
