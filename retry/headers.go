@@ -2,7 +2,6 @@ package retry
 
 import (
 	"math"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -10,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 // TimeFormat is the format of the x-idemq-*-failure headers.
@@ -91,41 +91,18 @@ func str(v any) string { s, _ := strOK(v); return s }
 // Int reads an integer header value of any AMQP numeric type, or a decimal
 // string, clamped to [0, MaxInt32]. ok is false for anything else.
 func Int(v any) (int64, bool) {
-	var n int64
 	switch x := v.(type) {
-	case int:
-		n = int64(x)
-	case int8:
-		n = int64(x)
-	case int16:
-		n = int64(x)
-	case int32:
-		n = int64(x)
-	case int64:
-		n = x
-	case uint8:
-		n = int64(x)
-	case uint16:
-		n = int64(x)
-	case uint32:
-		n = int64(x)
 	case uint64:
 		if x > maxCount {
 			return maxCount, true
 		}
-		n = int64(x)
 	case float32:
 		return floatCount(float64(x))
 	case float64:
 		return floatCount(x)
-	case string, []byte:
-		s, _ := strOK(x)
-		p, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		n = p
-	default:
+	}
+	n, ok := headerval.Int64(v)
+	if !ok {
 		return 0, false
 	}
 	if n < 0 {

@@ -28,7 +28,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +35,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 // Queue is one delay queue.
@@ -310,39 +310,8 @@ func Due(h amqp.Table, header string, delay time.Duration, received time.Time) t
 // a decimal string; ok is false for anything else or out of range.
 func millis(v any) (int64, bool) {
 	const limit = math.MaxInt64 / int64(time.Millisecond) // time.UnixMilli stays exact
-	var n int64
-	switch x := v.(type) {
-	case int64:
-		n = x
-	case int32:
-		n = int64(x)
-	case int16:
-		n = int64(x)
-	case int8:
-		n = int64(x)
-	case int:
-		n = int64(x)
-	case uint8:
-		n = int64(x)
-	case uint16:
-		n = int64(x)
-	case uint32:
-		n = int64(x)
-	case uint64:
-		if x > uint64(limit) {
-			return 0, false
-		}
-		n = int64(x)
-	case string:
-		p, err := strconv.ParseInt(x, 10, 64)
-		if err != nil {
-			return 0, false
-		}
-		n = p
-	default:
-		return 0, false
-	}
-	if n < 0 || n > limit {
+	n, ok := headerval.Int64(v)
+	if !ok || n < 0 || n > limit {
 		return 0, false
 	}
 	return n, true
