@@ -156,29 +156,29 @@ func (c *Consumer) deadline(h Handler) Handler {
 	})
 }
 
-// expired gives back, without running it, a delivery that is no longer
-// worth running: the consumer is stopping (its context ended), or it
-// waited in the client until less than one margin is left before the
-// ConsumerTimeout bound (a prefetch much larger than the workers can
-// handle in time). It reports whether the delivery was given back.
-func (c *Consumer) expired(ctx context.Context, x *executor, j job) bool {
+// expired decides to give back, without running it, a delivery that is
+// no longer worth running: the consumer is stopping (its context ended),
+// or it waited in the client until less than one margin is left before
+// the ConsumerTimeout bound (a prefetch much larger than the workers can
+// handle in time). ok is false when the delivery should run; the
+// executor settles the decision.
+func (c *Consumer) expired(ctx context.Context, j job) (dec Decision, ok bool) {
+	giveBack := Decision{Action: ActionRequeue, Outcome: OutcomeDeferred, Reason: "expired"}
 	if ctx.Err() != nil {
 		// Shutdown past ShutdownTimeout, or the channel is gone: give it
 		// back (a no-op on a dead channel: the broker redelivers).
-		x.rq.Later(j.d.DeliveryTag, 0)
-		return true
+		return giveBack, true
 	}
 	t := c.cfg.timeouts()
 	b, ok := t.bound(j.del.ReceivedAt)
 	if !ok || time.Until(b) > t.margin {
-		return false
+		return Decision{}, false
 	}
 	c.rec.Add(CountExpiredDeliveries, 1)
 	c.log.Warn("idemq: delivery waited in the consumer too close to the broker's consumer_timeout; given back without running (lower Prefetch or raise Workers)",
 		"message_id", j.del.MessageID, "delivery_tag", j.d.DeliveryTag,
 		"waited", time.Since(j.del.ReceivedAt).Round(time.Millisecond), "consumer_timeout", t.broker)
-	x.rq.Later(j.d.DeliveryTag, 0)
-	return true
+	return giveBack, true
 }
 
 // watchdog logs handlers that run long: once when a delivery has been in a

@@ -15,8 +15,9 @@ import (
 // process runs one delivery: the failure policy decides (after as many runs
 // of the chain as it wants), the executor carries the decision out.
 func (c *Consumer) process(ctx context.Context, x *executor, j job) {
-	if c.expired(ctx, x, j) {
-		x.observe(j.del, Decision{Action: ActionRequeue, Outcome: OutcomeDeferred, Reason: "expired"}, 0)
+	if dec, ok := c.expired(ctx, j); ok {
+		x.settle(ctx, j.del, j.d.DeliveryTag, dec)
+		x.observe(j.del, dec, 0)
 		return
 	}
 	defer c.watch.track(j.del)()
