@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -36,8 +37,11 @@ const (
 // guard's: idemq.CountDuplicates, idemq.CountStoreErrors,
 // idemq.CountDeadLettered, …).
 const (
-	CountForwarded      = "gate_forwarded"       // messages forwarded to every route, confirmed
-	CountUnroutable     = "gate_unroutable"      // forwards returned unroutable (dead-lettered)
+	CountForwarded  = "gate_forwarded"  // messages forwarded to every route, confirmed
+	CountUnroutable = "gate_unroutable" // forwards returned unroutable (dead-lettered)
+	// CountRouteSkipped: routes skipped on a redelivery because an earlier
+	// delivery of the ID forwarded to them (its other routes failed).
+	CountRouteSkipped   = "gate_route_skipped"
 	CountRefused        = "gate_refused"         // forwards refused by the broker (dead-lettered)
 	CountForwardRetries = "gate_forward_retries" // forward attempts retried (lost connection, nack, missing exchange)
 	CountTargetDown     = "gate_target_unavailable"
@@ -329,12 +333,23 @@ func (g *Gate) forward(ctx context.Context, d *idemq.Delivery) error {
 	// (see forwarder.publishOnce: a publish on the wire is seen through).
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.ForwardTimeout)
 	defer cancel()
-	for _, r := range g.cfg.Routes {
+	for i, r := range g.cfg.Routes {
 		key := r.RoutingKey
 		if key == "" {
 			key = d.RoutingKey
 		}
+		// With several routes, each one's forward is recorded on its own
+		// (routeProgress): a redelivery after a failed route forwards to
+		// the routes not yet confirmed, never twice to one.
+		done, mark, err := g.routeProgress(ctx, d, i)
+		if err != nil {
+			return err
+		}
+		if done {
+			continue
+		}
 		if err := g.publish(fctx, ctx, rec, r.Exchange, key, pub); err != nil {
+			_ = mark(fctx, err)
 			id, _ := d.ID()
 			var ret *idemq.ReturnedError
 			switch {
@@ -351,6 +366,9 @@ func (g *Gate) forward(ctx context.Context, d *idemq.Delivery) error {
 			g.log.Warn("idemq gate: forward timed out; message given back", "message_id", id, "route", r.String(), "err", err)
 			return idemq.Unavailable(DependencyTarget, fmt.Errorf("gate: route %v: %w", r, err))
 		}
+		if err := mark(fctx, nil); err != nil {
+			return err
+		}
 	}
 	lat := time.Since(d.ReceivedAt)
 	g.lat.observe(lat)
@@ -359,6 +377,52 @@ func (g *Gate) forward(ctx context.Context, d *idemq.Delivery) error {
 	}
 	rec.Add(CountForwarded, 1)
 	return nil
+}
+
+// routeProgress reports whether route i of d was forwarded already (by
+// an earlier delivery of the same ID whose other routes failed) and, when
+// not, returns mark, which records the forward's outcome: done for the
+// dedup window on success, released on failure. A single route needs no
+// record (the guard's claim of the ID is its progress). The record is the
+// dedup store's "<Prefix>:<Group>:<id>#route-<i>" key, claimed under the
+// guard's claim of the ID: another holder is a gate whose claim of the ID
+// lapsed with a forward on the wire, so the delivery waits in place.
+func (g *Gate) routeProgress(ctx context.Context, d *idemq.Delivery, i int) (done bool, mark func(context.Context, error) error, err error) {
+	none := func(context.Context, error) error { return nil }
+	if len(g.cfg.Routes) < 2 {
+		return false, none, nil
+	}
+	id, err := d.ID()
+	if err != nil {
+		return false, none, nil // the guard dead-letters it before the handler runs
+	}
+	key := dedup.Key(g.cfg.Prefix, g.cfg.Group, id) + "#route-" + strconv.Itoa(i)
+	token := idemq.NewMessageID()
+	c, err := g.store.Claim(ctx, key, token, g.cfg.Lease)
+	if err != nil {
+		return false, none, idemq.Unavailable(dedup.DependencyStore, fmt.Errorf("gate: route %d progress of %q: %w", i, id, err))
+	}
+	switch c.Result {
+	case dedup.Done:
+		idemq.RecorderFrom(ctx).Add(CountRouteSkipped, 1)
+		return true, none, nil
+	case dedup.InFlight:
+		after := max(c.LeaseLeft, time.Second)
+		return false, none, idemq.RequeueInPlace(after, "route-in-flight",
+			fmt.Errorf("gate: route %d of %q is being forwarded by another gate", i, id))
+	}
+	return false, func(mctx context.Context, failed error) error {
+		if failed != nil {
+			_ = g.store.Release(context.WithoutCancel(mctx), key, token)
+			return nil
+		}
+		if err := g.store.Complete(context.WithoutCancel(mctx), key, token, g.cfg.Window); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+			// Forwarded, not recorded: a redelivery may forward to this
+			// route again. Not the message's fault: given back.
+			return idemq.Unavailable(dedup.DependencyStore, fmt.Errorf("gate: record route %d of %q: %w", i, id, err))
+		}
+		return nil
+	}, nil
 }
 
 // publish retries transient failures with backoff until ctx (the

@@ -352,3 +352,43 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("Check: %v", err)
 	}
 }
+
+// Two routes, the second's exchange missing for a while: the first
+// route's forward is confirmed, the second times out and the message is
+// given back. The redelivery forwards to the second route only: route A
+// receives the message once (it received it again on every redelivery
+// before routes recorded their progress, issue 38).
+func TestRedeliveryForwardsOnlyToRoutesNotYetConfirmed(t *testing.T) {
+	r := newRig(t)
+	cfg := r.config()
+	missing := testenv.Name(t, "b")
+	outB := testenv.Name(t, "outb")
+	ch := testenv.Channel(t)
+	if _, err := ch.QueueDeclare(outB, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.DeleteQueue(outB) })
+	cfg.Routes = []gate.Route{{Exchange: r.exchange, RoutingKey: "out"}, {Exchange: missing, RoutingKey: "out"}}
+	cfg.ForwardTimeout = 500 * time.Millisecond
+	g, _ := start(t, cfg)
+	testenv.Publish(t, "", r.ingress, amqp.Publishing{MessageId: "m-1"})
+	// Received counts deliveries: the message was given back and
+	// delivered again at least twice while route B was missing.
+	testenv.Eventually(t, 60*time.Second, "m-1 redelivered twice", func() bool { return g.Stats().Received >= 3 })
+	if err := ch.ExchangeDeclare(missing, "direct", false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(outB, "out", missing, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, outB, 1, 60*time.Second); got[0].MessageId != "m-1" {
+		t.Fatalf("route B got %v", ids(got))
+	}
+	testenv.Eventually(t, 30*time.Second, "forwarded", func() bool { return g.Stats().Forwarded == 1 })
+	if got := drain(t, ch, r.out); len(got) != 1 {
+		t.Fatalf("route A received %d copies (%v), want 1", len(got), ids(got))
+	}
+	if got := drain(t, ch, outB); len(got) != 0 {
+		t.Fatalf("route B received %d more copies", len(got))
+	}
+}

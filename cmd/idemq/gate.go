@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -155,7 +156,7 @@ func gateConfig(f gateFlags) (gate.Config, error) {
 // gateStore opens the dedup store of --store; nil for redis (the gate
 // opens its default store itself) unless IDEMQ_REDIS_CA names the CA of a
 // rediss:// server, which the gate's own parse of the URL does not know.
-func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.Store, func(), error) {
+func gateStore(ctx context.Context, log *slog.Logger, f gateFlags, window time.Duration) (dedup.Store, func(), error) {
 	sc := sqlstore.Config{Table: f.table, PurgeInterval: 10 * time.Minute}
 	needDB := func() error {
 		if f.db == "" {
@@ -191,7 +192,11 @@ func gateStore(ctx context.Context, f gateFlags, window time.Duration) (dedup.St
 		if err != nil {
 			return nil, nil, err
 		}
-		st, err := sqlstore.New(ctx, db, sc)
+		var st *sqlstore.Store
+		err = waitDB(ctx, log, d, "dedup store", func(ctx context.Context) (err error) {
+			st, err = sqlstore.New(ctx, db, sc)
+			return err
+		})
 		if err != nil {
 			closeDB()
 			return nil, nil, err
@@ -263,8 +268,11 @@ func runGate(cmd *cobra.Command, f gateFlags) (err error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	store, closeStore, err := gateStore(ctx, f, cfg.Window)
+	store, closeStore, err := gateStore(ctx, log, f, cfg.Window)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the store: a clean exit
+		}
 		return err
 	}
 	defer closeStore()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -53,10 +54,10 @@ func TestGateFlags(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := gateStore(context.Background(), gateFlags{store: "cassandra"}, time.Hour); err == nil || !strings.Contains(err.Error(), "want redis") {
+	if _, _, err := gateStore(context.Background(), slog.Default(), gateFlags{store: "cassandra"}, time.Hour); err == nil || !strings.Contains(err.Error(), "want redis") {
 		t.Fatalf("unknown store: %v", err)
 	}
-	if _, _, err := gateStore(context.Background(), gateFlags{store: "postgres"}, time.Hour); err == nil || !strings.Contains(err.Error(), "--db") {
+	if _, _, err := gateStore(context.Background(), slog.Default(), gateFlags{store: "postgres"}, time.Hour); err == nil || !strings.Contains(err.Error(), "--db") {
 		t.Fatalf("postgres without --db: %v", err)
 	}
 }

@@ -196,7 +196,7 @@ func TestFaultTLS(t *testing.T) {
 		t.Fatalf("idemq keys get over rediss: %v\n%s", err, out)
 	}
 	// The gate's Redis store (idemq gate --store redis) with IDEMQ_REDIS_CA.
-	gst, closeGate, err := gateStore(ctx, gateFlags{store: "redis", redisURL: rediss, redisKeyPrefix: keyPrefix}, time.Hour)
+	gst, closeGate, err := gateStore(ctx, slog.Default(), gateFlags{store: "redis", redisURL: rediss, redisKeyPrefix: keyPrefix}, time.Hour)
 	if err != nil || gst == nil {
 		t.Fatalf("gate store over rediss: %v (store %v)", err, gst)
 	}
@@ -241,7 +241,7 @@ func TestFaultTLS(t *testing.T) {
 		t.Setenv(envRedisCA, wrong)
 		_, err := runCLICtx(ctx, "keys", "get", "m-1", "--group", queue, "--redis-url", rediss, "--redis-key-prefix", keyPrefix)
 		wantRefused(t, "idemq keys get", err)
-		gst, closeGate, err := gateStore(ctx, gateFlags{store: "redis", redisURL: rediss, redisKeyPrefix: keyPrefix}, time.Hour)
+		gst, closeGate, err := gateStore(ctx, slog.Default(), gateFlags{store: "redis", redisURL: rediss, redisKeyPrefix: keyPrefix}, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
