@@ -97,3 +97,25 @@ func TestAskStallsSharingAndOff(t *testing.T) {
 		t.Fatalf("AskTimeout < 0: %v", err)
 	}
 }
+
+type probedHandler struct{ probed *atomic.Int32 }
+
+func (h probedHandler) Handle(context.Context, *Delivery) error { return nil }
+func (h probedHandler) Probe(context.Context) error             { h.probed.Add(1); return nil }
+
+// The probes of the pipeline's layers (Prober) join the breaker's own.
+func TestLayerProbesJoinTheBreaker(t *testing.T) {
+	var n atomic.Int32
+	own := func(context.Context) error { n.Add(10); return nil }
+	c, err := NewConsumer(ConsumerConfig{URL: "amqp://guest:guest@127.0.0.1:1/", Queue: "q",
+		Pipeline: Pipeline{Handler: probedHandler{&n}}, Breaker: BreakerConfig{Probes: []func(context.Context) error{own}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(c.brk.cfg.Probes); got != 2 {
+		t.Fatalf("%d probes, want the handler's and the configured one", got)
+	}
+	if err := c.brk.askProbes(); err != nil || n.Load() != 11 {
+		t.Fatalf("probes ran %d (err %v), want both", n.Load(), err)
+	}
+}

@@ -133,7 +133,9 @@ type ConsumerConfig struct {
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 	// Breaker pauses taking deliveries while a dependency is unavailable
-	// (see [BreakerConfig]). On by default.
+	// (see [BreakerConfig]). On by default. The probes of the pipeline's
+	// layers ([Prober]: the dedup guard, an inbox handler) are added to
+	// Breaker.Probes.
 	Breaker BreakerConfig
 	// Release hands the failure policy's delayed retries back to Queue
 	// when they are due (see [DelayedRetries], [ReleaseConfig]). On by
@@ -316,7 +318,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	c.watch = newWatchdog(c)
 	c.policy = cfg.Pipeline.Policy
 	c.handler = cfg.Pipeline.chain(c.deadline)
-	c.brk = newBreaker(cfg.Breaker, c.rec, c.log)
+	brk := cfg.Breaker
+	brk.Probes = append(cfg.Pipeline.layerProbes(), brk.Probes...)
+	c.brk = newBreaker(brk, c.rec, c.log)
 	if cfg.ManagementURL != "" {
 		m, err := mgmt.New(cfg.ManagementURL, cfg.ManagementClient)
 		if err != nil {

@@ -1,6 +1,9 @@
 package idemq
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // Pipeline is what a [Consumer] runs for each delivery, as data: each part
 // has a fixed place, so the order of the layers of defence is enforced
@@ -51,6 +54,27 @@ type WorkerHint interface {
 	// SuggestWorkers returns the handler concurrency the layer wants with
 	// prefetch deliveries unacked at most; 0: no opinion.
 	SuggestWorkers(prefetch int) int
+}
+
+// Prober is implemented by a [Layer] that can check the dependency it
+// uses (the dedup guard's store, the inbox's database). The consumer adds
+// the Probe of Pipeline.Guard and Pipeline.Handler to its breaker's probes
+// ([BreakerConfig.Probes]): they decide whether a failure is an outage
+// and when a paused consumer resumes. Register probes of your own
+// dependencies (an HTTP API the handler calls) in BreakerConfig.Probes.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
+// layerProbes returns the probes of the pipeline's layers (see [Prober]).
+func (p Pipeline) layerProbes() []func(context.Context) error {
+	var out []func(context.Context) error
+	for _, l := range []any{p.Guard, p.Handler} {
+		if pr, ok := l.(Prober); ok && pr != nil {
+			out = append(out, pr.Probe)
+		}
+	}
+	return out
 }
 
 // ErrNoHandler is returned for a [Pipeline] without a Handler.

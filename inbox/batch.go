@@ -142,6 +142,12 @@ var (
 	_ idemq.WorkerHint = (*Batcher[any])(nil)
 )
 
+// Probe is the inbox's [Inbox.Probe] (idemq.Prober): the consumer adds
+// it to its breaker's probes.
+func (b *Batcher[T]) Probe(ctx context.Context) error { return b.ib.Probe(ctx) }
+
+var _ idemq.Prober = (*Batcher[any])(nil)
+
 // SuggestWorkers implements [idemq.WorkerHint]: a batch is only as large
 // as the deliveries handed to it at once, so a consumer whose Workers is
 // unset runs 2×Size workers (one batch filling while another commits),

@@ -207,11 +207,25 @@ func (ib *Inbox[T]) isDuplicate(err error) bool {
 // lock): it is acked as a duplicate once the first commits, and runs if the
 // first rolls back. A missing or invalid ID is rejected
 // ([idemq.ReasonMissingID], [idemq.ReasonInvalidID]).
+//
+// The handler is an [idemq.Prober]: the consumer adds the inbox's
+// [Inbox.Probe] to its breaker's probes.
 func (ib *Inbox[T]) Handler(h HandlerFunc[T]) idemq.Handler {
-	return idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
-		return ib.handle(ctx, h, d)
-	})
+	return &handler[T]{ib: ib, h: h}
 }
+
+// handler is [Inbox.Handler]'s handler.
+type handler[T any] struct {
+	ib *Inbox[T]
+	h  HandlerFunc[T]
+}
+
+func (x *handler[T]) Handle(ctx context.Context, d *idemq.Delivery) error { return x.ib.handle(ctx, x.h, d) }
+
+// Probe is the inbox's [Inbox.Probe] (idemq.Prober).
+func (x *handler[T]) Probe(ctx context.Context) error { return x.ib.Probe(ctx) }
+
+var _ idemq.Prober = (*handler[any])(nil)
 
 func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Delivery) (err error) {
 	group, id, err := ib.key(d)
