@@ -295,6 +295,8 @@ type Consumer struct {
 	readyOK bool
 
 	consuming atomic.Bool // a session is subscribed now
+
+	releaseWarned atomic.Bool // Release.Disabled logged once (release.go)
 }
 
 // NewConsumer validates cfg ([ConsumerConfig.Validate]), fills its

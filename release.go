@@ -46,10 +46,14 @@ const lateRelease = time.Second
 // startRelease starts releasing the policy's delay queues on conn; nil
 // when there is nothing to release. The caller stops it.
 func (c *Consumer) startRelease(ctx context.Context, conn *amqp.Connection) *release.Releaser {
+	send, dqs := DelayQueuesOf(c.policy, c.cfg.Queue)
 	if c.cfg.Release.Disabled {
+		if send != nil && len(dqs) > 0 && c.releaseWarned.CompareAndSwap(false, true) {
+			c.log.Warn("idemq: Release.Disabled: this consumer does not release its delay queues; with the default retry queues (no TTL) delayed retries wait until a consumer that does runs",
+				"delay_queues", len(dqs))
+		}
 		return nil
 	}
-	send, dqs := DelayQueuesOf(c.policy, c.cfg.Queue)
 	if send == nil || len(dqs) == 0 {
 		return nil
 	}
