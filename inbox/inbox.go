@@ -220,7 +220,9 @@ type handler[T any] struct {
 	h  HandlerFunc[T]
 }
 
-func (x *handler[T]) Handle(ctx context.Context, d *idemq.Delivery) error { return x.ib.handle(ctx, x.h, d) }
+func (x *handler[T]) Handle(ctx context.Context, d *idemq.Delivery) error {
+	return x.ib.handle(ctx, x.h, d)
+}
 
 // Probe is the inbox's [Inbox.Probe] (idemq.Prober).
 func (x *handler[T]) Probe(ctx context.Context) error { return x.ib.Probe(ctx) }
