@@ -88,23 +88,42 @@ func (b *breaker) askProbes() error {
 	a.running = done
 	a.mu.Unlock()
 
-	// Not the run's context: the run may have ended by its own deadline
-	// (a stall), and the question is about the dependency.
-	pctx, cancel := context.WithTimeout(context.Background(), b.cfg.AskTimeout)
 	var err error
-	for _, p := range b.cfg.Probes {
-		if err = p(pctx); err != nil {
-			break
+	defer func() {
+		a.mu.Lock()
+		a.err, a.at, a.running = err, time.Now(), nil
+		a.mu.Unlock()
+		close(done)
+	}()
+	// Not the run's context: the run may have ended by its own deadline
+	// (a stall), and the question is about the dependency. The probes run
+	// on their own goroutine: one that ignores its context (or panics)
+	// answers "down" at AskTimeout instead of holding every failing
+	// worker.
+	pctx, cancel := context.WithTimeout(context.Background(), b.cfg.AskTimeout)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				res <- fmt.Errorf("idemq: probe panicked: %v", v)
+			}
+		}()
+		var perr error
+		for _, p := range b.cfg.Probes {
+			if perr = p(pctx); perr != nil {
+				break
+			}
 		}
+		if perr == nil && pctx.Err() != nil {
+			perr = pctx.Err()
+		}
+		res <- perr
+	}()
+	select {
+	case err = <-res:
+	case <-pctx.Done():
+		err = fmt.Errorf("idemq: probes did not answer within %v: %w", b.cfg.AskTimeout, pctx.Err())
 	}
-	if err == nil && pctx.Err() != nil {
-		err = pctx.Err()
-	}
-	cancel()
-
-	a.mu.Lock()
-	a.err, a.at, a.running = err, time.Now(), nil
-	a.mu.Unlock()
-	close(done)
 	return err
 }

@@ -119,3 +119,26 @@ func TestLayerProbesJoinTheBreaker(t *testing.T) {
 		t.Fatalf("probes ran %d (err %v), want both", n.Load(), err)
 	}
 }
+
+// A probe that ignores its context, or panics, answers "down" at
+// AskTimeout: it never holds the failing workers.
+func TestAskProbeIgnoringItsContextOrPanicking(t *testing.T) {
+	plain := errors.New("plain")
+	block := make(chan struct{})
+	defer close(block)
+	b := askBreaker(func(context.Context) error { <-block; return nil }, BreakerConfig{AskTimeout: 100 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { done <- b.ask(context.Background(), plain) }()
+	select {
+	case err := <-done:
+		if !IsUnavailable(err) {
+			t.Fatalf("a probe that never answers: %v, want an outage", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ask held by a probe that ignores its context")
+	}
+	p := askBreaker(func(context.Context) error { panic("boom") }, BreakerConfig{})
+	if err := p.ask(context.Background(), plain); !IsUnavailable(err) {
+		t.Fatalf("a panicking probe: %v, want an outage", err)
+	}
+}

@@ -66,7 +66,10 @@ func (c *Consumer) startRelease(ctx context.Context, conn *amqp.Connection) *rel
 		hold = c.cfg.ConsumerTimeout - c.cfg.ConsumerTimeoutMargin
 	}
 	work := c.cfg.Queue
-	r, err := release.Start(ctx, conn, release.Config{
+	// Not cancelled with Run's context: Stop (at the session's end, after
+	// the work queue drained) stops it, letting republishes in flight
+	// finish and ack for up to ShutdownTimeout.
+	r, err := release.Start(context.WithoutCancel(ctx), conn, release.Config{
 		Queues:     qs,
 		DueHeader:  HeaderDue,
 		Prefetch:   c.cfg.Release.Prefetch,

@@ -108,7 +108,7 @@ const stillWaitingEvery = time.Minute
 
 func waitOne(ctx context.Context, cfg WaitConfig, d Dependency) error {
 	start := time.Now()
-	var lastWarn time.Time
+	var lastWarn, configSince time.Time
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, cfg.CheckTimeout)
 		err := d.Check(cctx)
@@ -123,8 +123,18 @@ func waitOne(ctx context.Context, cfg WaitConfig, d Dependency) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("idemq: %s: still not ready when stopped: %w", d.Name, errors.Join(ctx.Err(), err))
 		}
-		if d.Config != nil && d.Config(err) && time.Since(start) >= cfg.Grace {
-			return &DependencyConfigError{Dependency: d.Name, Fix: d.Fix, Err: err}
+		// The grace counts from the first configuration error of a run of
+		// them: a server that took long to listen refuses logins while it
+		// boots too.
+		if d.Config != nil && d.Config(err) {
+			if configSince.IsZero() {
+				configSince = time.Now()
+			}
+			if time.Since(configSince) >= cfg.Grace {
+				return &DependencyConfigError{Dependency: d.Name, Fix: d.Fix, Err: err}
+			}
+		} else {
+			configSince = time.Time{}
 		}
 		switch {
 		case attempt == 0:

@@ -258,6 +258,14 @@ func (g *Guard) Config() Config { return g.cfg }
 
 var _ idemq.WorkerHint = (*Guard)(nil)
 
+// Probe checks the guard's store (idemq.Prober): the consumer adds it to
+// its breaker's probes, so a failure in a shape nobody listed is an
+// outage when the store does not answer, a store outage pauses the
+// consumer and the store's return resumes it.
+func (g *Guard) Probe(ctx context.Context) error { return Probe(g.store)(ctx) }
+
+var _ idemq.Prober = (*Guard)(nil)
+
 // SuggestWorkers implements [idemq.WorkerHint]: with a store that groups
 // calls ([BatchStore], grouping on), a message costs two round trips
 // shared by the deliveries in flight, so the consumer's default Workers

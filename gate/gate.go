@@ -412,11 +412,15 @@ func (g *Gate) routeProgress(ctx context.Context, d *idemq.Delivery, i int) (don
 			fmt.Errorf("gate: route %d of %q is being forwarded by another gate", i, id))
 	}
 	return false, func(mctx context.Context, failed error) error {
+		// Not cancelled with the forward, but bounded: a stalled store
+		// must not hold the worker past its lease.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(mctx), g.cfg.Lease)
+		defer cancel()
 		if failed != nil {
-			_ = g.store.Release(context.WithoutCancel(mctx), key, token)
+			_ = g.store.Release(sctx, key, token)
 			return nil
 		}
-		if err := g.store.Complete(context.WithoutCancel(mctx), key, token, g.cfg.Window); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		if err := g.store.Complete(sctx, key, token, g.cfg.Window); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
 			// Forwarded, not recorded: a redelivery may forward to this
 			// route again. Not the message's fault: given back.
 			return idemq.Unavailable(dedup.DependencyStore, fmt.Errorf("gate: record route %d of %q: %w", i, id, err))

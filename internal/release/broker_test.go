@@ -99,15 +99,19 @@ func TestReleaseHoldLimit(t *testing.T) {
 		Publish: func(ctx context.Context, d *amqp.Delivery) error { k.add(d); return nil }})
 	defer r.Stop(time.Second)
 	published := time.Now()
-	testenv.Publish(t, "", q, amqp.Publishing{MessageId: "a", Headers: amqp.Table{due: published.Add(1500 * time.Millisecond).UnixMilli()}})
-	testenv.Eventually(t, 10*time.Second, "released", func() bool { return k.n() == 1 })
+	due15 := published.Add(1500 * time.Millisecond).UnixMilli()
+	testenv.Publish(t, "", q, amqp.Publishing{MessageId: "a", Headers: amqp.Table{due: due15}},
+		amqp.Publishing{MessageId: "b", Headers: amqp.Table{due: due15}})
+	testenv.Eventually(t, 10*time.Second, "released", func() bool { return k.n() == 2 })
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if wait := k.at[0].Sub(published); wait < 1400*time.Millisecond {
-		t.Errorf("released after %v, want at its due time (1.5s)", wait)
-	}
-	if !k.red[0] {
-		t.Error("released on the first take: HoldLimit did not give it back")
+	for i, id := range k.ids {
+		if wait := k.at[i].Sub(published); wait < 1400*time.Millisecond {
+			t.Errorf("%s released after %v, want at its due time (1.5s)", id, wait)
+		}
+		if !k.red[i] {
+			t.Errorf("%s released on the first take: HoldLimit did not give it back", id)
+		}
 	}
 }
 

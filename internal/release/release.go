@@ -154,9 +154,12 @@ func (r *Releaser) Stop(timeout time.Duration) {
 // connection closes.
 func (r *Releaser) run(ctx context.Context, q Queue) {
 	for failures := 0; ; failures++ {
-		err := r.consume(ctx, q)
+		took, err := r.consume(ctx, q)
 		if ctx.Err() != nil || r.conn.IsClosed() {
 			return
+		}
+		if took {
+			failures = 0 // it worked for a while: a new streak
 		}
 		lvl := slog.LevelWarn
 		if failures > 0 {
@@ -169,12 +172,19 @@ func (r *Releaser) run(ctx context.Context, q Queue) {
 	}
 }
 
+// stamped is a delivery with the time the releaser received it: the
+// broker's consumer_timeout counts from there, whatever waits before it.
+type stamped struct {
+	d  amqp.Delivery
+	at time.Time
+}
+
 // consume releases q on a channel of its own until ctx ends or the channel
-// closes.
-func (r *Releaser) consume(ctx context.Context, q Queue) error {
+// closes. took says whether it took a delivery.
+func (r *Releaser) consume(ctx context.Context, q Queue) (took bool, err error) {
 	ch, err := r.conn.Channel()
 	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+		return false, fmt.Errorf("open channel: %w", err)
 	}
 	var inflight sync.WaitGroup
 	defer func() {
@@ -195,46 +205,62 @@ func (r *Releaser) consume(ctx context.Context, q Queue) error {
 		_ = ch.Close()
 	}()
 	if err := ch.Qos(r.cfg.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("qos: %w", err)
+		return false, fmt.Errorf("qos: %w", err)
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	dels, err := ch.ConsumeWithContext(context.WithoutCancel(ctx), q.Name, r.cfg.Tag+"."+q.Name, false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("consume %q: %w", q.Name, err)
+		return false, fmt.Errorf("consume %q: %w", q.Name, err)
 	}
+	// Stamped on arrival (at most Prefetch wait unacked behind the head):
+	// holds count from when the broker handed each delivery over.
+	in := make(chan stamped, r.cfg.Prefetch)
+	quit := make(chan struct{})
+	defer close(quit)
+	go func() {
+		defer close(in)
+		for d := range dels {
+			select {
+			case in <- stamped{d, r.cfg.Now()}:
+			case <-quit:
+				return
+			}
+		}
+	}()
 	sem := make(chan struct{}, r.cfg.Publishers)
 	var failures atomic.Int64
 	for {
-		var d amqp.Delivery
+		var s stamped
 		var ok bool
 		select {
 		case <-ctx.Done():
-			return nil
+			return took, nil
 		case e := <-closed:
-			return fmt.Errorf("channel closed: %w", closedErr(e))
-		case d, ok = <-dels:
+			return took, fmt.Errorf("channel closed: %w", closedErr(e))
+		case s, ok = <-in:
 			if !ok {
-				return errors.New("delivery stream closed")
+				return took, errors.New("delivery stream closed")
 			}
 		}
-		now := r.cfg.Now()
-		due := Due(d.Headers, r.cfg.DueHeader, q.Delay, now)
-		if wait := due.Sub(now); r.cfg.HoldLimit > 0 && wait > r.cfg.HoldLimit {
+		took = true
+		d := s.d
+		due := Due(d.Headers, r.cfg.DueHeader, q.Delay, s.at)
+		if limit := s.at.Add(r.cfg.HoldLimit); r.cfg.HoldLimit > 0 && due.After(limit) {
 			// Held longer, the broker's consumer_timeout would close the
-			// channel: give it back after HoldLimit, and take it again.
-			if err := sleep(ctx, closed, r.cfg.HoldLimit); err != nil {
-				return err
+			// channel: give it back at HoldLimit, and take it again.
+			if err := sleep(ctx, closed, limit.Sub(r.cfg.Now())); err != nil {
+				return took, err
 			}
 			_ = ch.Nack(d.DeliveryTag, false, true)
 			continue
 		}
 		if err := sleep(ctx, closed, due.Sub(r.cfg.Now())); err != nil {
-			return err
+			return took, err
 		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			return nil
+			return took, nil
 		}
 		inflight.Add(1)
 		go func(d amqp.Delivery, due time.Time) {

@@ -19,7 +19,8 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	paused bool
-	stall  bool // accept and hold new connections, never answer (Stall)
+	stall  bool                  // accept and hold new connections, never answer (Stall)
+	held   map[net.Conn]struct{} // connections held by a Stall
 	cuts   int
 }
 
@@ -67,9 +68,12 @@ func (p *Proxy) accept() {
 			continue
 		}
 		if p.stall {
-			// Accepted, never answered: held (read and dropped) until a
-			// Cut or Resume closes it.
-			p.conns[c] = struct{}{}
+			// Accepted, never answered: held (read and dropped) until
+			// Resume or Close closes it.
+			if p.held == nil {
+				p.held = map[net.Conn]struct{}{}
+			}
+			p.held[c] = struct{}{}
 			p.mu.Unlock()
 			go func() { _, _ = io.Copy(io.Discard, c) }()
 			continue
@@ -139,16 +143,24 @@ func (p *Proxy) Stall() {
 // Stall are closed.
 func (p *Proxy) Resume() {
 	p.mu.Lock()
-	wasStalled := p.stall
+	defer p.mu.Unlock()
 	p.paused, p.stall = false, false
-	p.mu.Unlock()
-	if wasStalled {
-		p.Cut()
+	p.closeHeld()
+}
+
+// closeHeld closes the connections a Stall held. mu held.
+func (p *Proxy) closeHeld() {
+	for c := range p.held {
+		c.Close()
 	}
+	p.held = nil
 }
 
 // Close stops the proxy and closes every connection.
 func (p *Proxy) Close() {
 	p.ln.Close()
 	p.Cut()
+	p.mu.Lock()
+	p.closeHeld()
+	p.mu.Unlock()
 }
