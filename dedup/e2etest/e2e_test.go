@@ -228,8 +228,12 @@ func TestStoreUnavailable(t *testing.T) {
 			return nil
 		}))
 		cnt := c.Counters()
-		testenv.Eventually(t, wait, "several store errors (retried with a delay)", func() bool {
-			return cnt.Get(idemq.CountStoreErrors) >= 3 && cnt.Get(idemq.CountRequeued) >= 2
+		// The guard's probe (idemq.Prober) joins the breaker: the first
+		// store error pauses the consumer, the delivery goes back, and the
+		// probe — not a trial delivery — watches the store.
+		testenv.Eventually(t, wait, "the consumer paused for the store, the delivery given back", func() bool {
+			return cnt.Get(idemq.CountStoreErrors) >= 1 && cnt.Get(idemq.CountRequeued) >= 1 &&
+				cnt.Get(idemq.CountDependencyOutages) >= 1 && c.Paused()
 		})
 		if runs.total() != 0 || cnt.Get(idemq.CountAcked) != 0 || cnt.Get(idemq.CountRejected) != 0 {
 			t.Fatalf("store down: runs %d acked %d rejected %d, want 0 0 0", runs.total(), cnt.Get(idemq.CountAcked), cnt.Get(idemq.CountRejected))
