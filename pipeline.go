@@ -3,6 +3,8 @@ package idemq
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 )
 
 // Pipeline is what a [Consumer] runs for each delivery, as data: each part
@@ -80,10 +82,63 @@ func (p Pipeline) layerProbes() []func(context.Context) error {
 // ErrNoHandler is returned for a [Pipeline] without a Handler.
 var ErrNoHandler = errors.New("idemq: Pipeline.Handler is required")
 
-// Validate reports a pipeline that cannot run: no handler.
+// ErrWindowTooShort is returned (as a [*WindowError]) for a [Pipeline]
+// whose dedup window is shorter than its policy's retry horizon.
+var ErrWindowTooShort = errors.New("idemq: dedup window shorter than the retry horizon")
+
+// RetryHorizoner is implemented by a [FailurePolicy] whose retries of a
+// message end a bounded time after its first delivery (retry.Policy).
+type RetryHorizoner interface {
+	// RetryHorizon is how long after its first delivery a message's last
+	// attempt can start.
+	RetryHorizon() time.Duration
+}
+
+// Windowed is implemented by a [Layer] or [Handler] that remembers the
+// messages it applied for a limited time (the dedup guard's window, the
+// inbox's retention).
+type Windowed interface {
+	// DedupWindow is how long an applied message is remembered.
+	DedupWindow() time.Duration
+}
+
+// WindowError says which part of a [Pipeline] forgets a message before
+// its policy's last retry can arrive. It matches [ErrWindowTooShort].
+type WindowError struct {
+	Part    string        // "Guard" or "Handler"
+	Window  time.Duration // the part's dedup window
+	Horizon time.Duration // the policy's retry horizon
+}
+
+func (e *WindowError) Error() string {
+	return fmt.Sprintf("idemq: Pipeline.%s remembers applied messages for %v, less than the retry horizon %v of Pipeline.Policy: "+
+		"a retry arriving after %v would find no record and apply its effect a second time; "+
+		"raise the window to at least %v plus how long a dead letter may wait before it is replayed",
+		e.Part, e.Window, e.Horizon, e.Window, e.Horizon)
+}
+
+func (e *WindowError) Unwrap() error { return ErrWindowTooShort }
+
+// Validate reports a pipeline that cannot run (no Handler) or that would
+// apply a retried message twice: a part with a dedup window ([Windowed])
+// must remember messages at least as long as the policy retries them
+// ([RetryHorizoner]).
 func (p Pipeline) Validate() error {
 	if p.Handler == nil {
 		return ErrNoHandler
+	}
+	rh, ok := p.Policy.(RetryHorizoner)
+	if !ok {
+		return nil
+	}
+	horizon := rh.RetryHorizon()
+	for _, part := range []struct {
+		name string
+		v    any
+	}{{"Guard", p.Guard}, {"Handler", p.Handler}} {
+		if w, ok := part.v.(Windowed); ok && w.DedupWindow() > 0 && w.DedupWindow() < horizon {
+			return &WindowError{Part: part.name, Window: w.DedupWindow(), Horizon: horizon}
+		}
 	}
 	return nil
 }

@@ -264,6 +264,13 @@ var _ idemq.WorkerHint = (*Guard)(nil)
 // consumer and the store's return resumes it.
 func (g *Guard) Probe(ctx context.Context) error { return Probe(g.store)(ctx) }
 
+var _ idemq.Windowed = (*Guard)(nil)
+
+// DedupWindow implements [idemq.Windowed]: Config.Window. The consumer
+// refuses a guard whose window is shorter than its policy's retry
+// horizon ([idemq.Pipeline.Validate]).
+func (g *Guard) DedupWindow() time.Duration { return g.cfg.Window }
+
 var _ idemq.Prober = (*Guard)(nil)
 
 // SuggestWorkers implements [idemq.WorkerHint]: with a store that groups

@@ -146,6 +146,9 @@ var (
 // it to its breaker's probes.
 func (b *Batcher[T]) Probe(ctx context.Context) error { return b.ib.Probe(ctx) }
 
+// DedupWindow implements [idemq.Windowed]: the inbox's Config.Window.
+func (b *Batcher[T]) DedupWindow() time.Duration { return b.ib.cfg.Window }
+
 var _ idemq.Prober = (*Batcher[any])(nil)
 
 // SuggestWorkers implements [idemq.WorkerHint]: a batch is only as large

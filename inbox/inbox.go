@@ -227,6 +227,9 @@ func (x *handler[T]) Handle(ctx context.Context, d *idemq.Delivery) error {
 // Probe is the inbox's [Inbox.Probe] (idemq.Prober).
 func (x *handler[T]) Probe(ctx context.Context) error { return x.ib.Probe(ctx) }
 
+// DedupWindow implements [idemq.Windowed]: Config.Window.
+func (x *handler[T]) DedupWindow() time.Duration { return x.ib.cfg.Window }
+
 var _ idemq.Prober = (*handler[any])(nil)
 
 func (ib *Inbox[T]) handle(ctx context.Context, h HandlerFunc[T], d *idemq.Delivery) (err error) {

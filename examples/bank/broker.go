@@ -114,33 +114,62 @@ func queueDepth(amqpURL, queue string) (int, error) {
 	return q.Messages, nil
 }
 
-// drainReasons takes every dead letter and returns their reasons and
-// message IDs.
-func drainReasons(amqpURL, queue string) ([]string, []string, error) {
+// deadLetter is one dead letter of a mode's DLQ: its message ID, reason
+// and error text (x-idemq-error).
+type deadLetter struct{ id, reason, err string }
+
+// drainReasons takes every dead letter of queue.
+func drainReasons(amqpURL, queue string) ([]deadLetter, error) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	var out, ids []string
+	var out []deadLetter
 	for {
 		d, ok, err := ch.Get(queue, true)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if !ok {
-			return out, ids, nil
+			return out, nil
 		}
-		ids = append(ids, d.MessageId)
 		r, _ := d.Headers[idemq.HeaderReason].(string)
 		if r == "" {
 			r = "?"
 		}
-		out = append(out, r)
+		e, _ := d.Headers[idemq.HeaderError].(string)
+		out = append(out, deadLetter{id: d.MessageId, reason: r, err: e})
+	}
+}
+
+// peekIDs returns the message IDs in queue without taking any (basic.get,
+// then the channel closes and the broker requeues all).
+func peekIDs(amqpURL, queue string) (map[string]bool, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	defer ch.Close()
+	ids := map[string]bool{}
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return ids, nil
+		}
+		ids[d.MessageId] = true
 	}
 }
 

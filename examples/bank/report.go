@@ -40,7 +40,12 @@ type ledger struct {
 	// validDead the valid transfers found in the DLQ (must be 0).
 	dbOutages, redisOutages int
 	validDead               int
-	outagesSeen             int64
+	// deadNotApplied: valid transfers dead-lettered and never applied
+	// (counted in validDead, not in lost); validDeadSeen: the first few
+	// valid dead letters, with their reason and error.
+	deadNotApplied int
+	validDeadSeen  []string
+	outagesSeen    int64
 	// freezes counts the consumers frozen (SIGSTOP, then SIGCONT);
 	// freezesMid those that stopped themselves in a handler (effect
 	// written, transaction open, dedup lease held); freezeLeasesLost the
@@ -103,10 +108,13 @@ type Ledger struct {
 	// ValidDeadLettered the valid transfers dead-lettered (a dependency
 	// outage is not the message's fault: must be 0); OutagesSeen the
 	// consumers' breaker pauses (dependency_outages, summed).
-	DBOutages         int   `json:"db_outages"`
-	RedisOutages      int   `json:"redis_outages"`
-	ValidDeadLettered int   `json:"valid_dead_lettered"`
-	OutagesSeen       int64 `json:"consumer_pauses"`
+	DBOutages         int `json:"db_outages"`
+	RedisOutages      int `json:"redis_outages"`
+	ValidDeadLettered int `json:"valid_dead_lettered"`
+	// DeadNotApplied: of those, the ones never applied (not lost: they
+	// can be replayed).
+	DeadNotApplied int   `json:"dead_lettered_not_applied"`
+	OutagesSeen    int64 `json:"consumer_pauses"`
 	// Freezes counts the consumers frozen (SIGSTOP for --freeze-duration,
 	// then SIGCONT); FreezesMidHandler those frozen in a handler (effect
 	// written, transaction open, dedup lease held); FreezeLeasesLost the
@@ -145,7 +153,7 @@ func writeLedgers(path string, ls []*ledger) error {
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
 			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck,
-			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, OutagesSeen: l.outagesSeen,
+			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, DeadNotApplied: l.deadNotApplied, OutagesSeen: l.outagesSeen,
 			Freezes: l.freezes, FreezesMidHandler: l.freezesMid, FreezeLeasesLost: l.freezeLeasesLost,
 			TransientOnce: l.transientOnce, TransientTwice: l.transientTwice, TransientApplied: l.transientApplied,
 			TransientEarly: l.transientEarly, TransientFailures: l.transientFailed, Retried: l.retried,
@@ -221,6 +229,7 @@ func ledgerRows() []ledgerRow {
 		}},
 		{"consumer pauses (breaker) (≈)", func(l *ledger) string { return itoa(l.outagesSeen) }},
 		{"valid transfers dead-lettered", func(l *ledger) string { return itoa(int64(l.validDead)) }},
+		{"  of which never applied", func(l *ledger) string { return itoa(int64(l.deadNotApplied)) }},
 		{"transfers applied", func(l *ledger) string { return itoa(int64(l.applied)) }},
 		{"transfers applied twice or more", func(l *ledger) string { return itoa(int64(l.twice)) }},
 		{"transfers lost", func(l *ledger) string { return itoa(int64(l.lost)) }},
@@ -249,6 +258,9 @@ func printLedgers(w io.Writer, ls []*ledger) {
 		}
 		sort.Strings(rs)
 		fmt.Fprintf(w, "%s: dead-letter reasons %s; %d consumer restarts\n", l.mode, strings.Join(rs, ", "), l.restarted)
+		for _, v := range l.validDeadSeen {
+			fmt.Fprintf(w, "  valid dead letter: %s\n", v)
+		}
 	}
 	fmt.Fprintln(w)
 	printExplanations(w, ls)
