@@ -21,6 +21,6 @@ URL takes sslmode=verify-full&sslrootcert=FILE. Unset: the system's CAs.`,
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd(), newOutboxCmd(), newMigrateCmd(), newConsoleCmd(), newGateCmd())
+	root.AddCommand(newTopologyCmd(), newDLQCmd(), newKeysCmd(), newRelayCmd(), newOutboxCmd(), newMigrateCmd(), newConsoleCmd(), newGateCmd(), newDoctorCmd())
 	return root
 }

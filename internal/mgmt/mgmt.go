@@ -123,6 +123,10 @@ func (q Queue) definition() (map[string]any, error) {
 	return m, nil
 }
 
+// Definition is the effective policy definition applied to the queue
+// (policy merged with the operator policy), nil when none applies.
+func (q Queue) Definition() (map[string]any, error) { return q.definition() }
+
 // intValue reads a limit: a JSON integer (or an integral float), in int
 // range. A string, a fraction, a bool is an error.
 func intValue(v any) (int, error) {
