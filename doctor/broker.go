@@ -130,10 +130,17 @@ func queueExists(conn *amqp.Connection, name string) (bool, error) {
 // topology: type, arguments, the policies that apply, the delivery limit
 // and the consumer timeout.
 func managedFindings(ctx context.Context, cfg Config, mc *mgmt.Client, vhost string, bq brokerQueue) []Finding {
-	q, err := mc.Queue(ctx, vhost, bq.name)
+	q, err := mc.QueueNow(ctx, vhost, bq.name)
 	if err != nil {
 		return []Finding{{Check: "broker." + bq.role, Subject: bq.name, Status: Warn, Detail: "exists; arguments not checked: " + err.Error(),
 			Fix: "give the management user the monitoring tag and access to the vhost"}}
+	}
+	if !q.StatsIn() {
+		// Type and arguments are there; the policies come with the first
+		// statistics collection after a declare: wait for them.
+		if full, err := mc.Queue(ctx, vhost, bq.name); err == nil {
+			q = full
+		}
 	}
 	var out []Finding
 	check := "broker." + bq.role
@@ -168,6 +175,12 @@ func managedFindings(ctx context.Context, cfg Config, mc *mgmt.Client, vhost str
 		out = append(out, f)
 	} else {
 		out = append(out, Finding{Check: check, Subject: bq.name, Status: Pass, Detail: fmt.Sprintf("exists, %s, arguments as declared", q.Type)})
+	}
+	if !q.StatsIn() {
+		return append(out, Finding{Check: "broker.policy", Subject: bq.name, Status: Warn,
+			Detail:  "not checked: the management API has not reported the queue's policies yet (it was declared a moment ago, or the broker is busy)",
+			Meaning: "a policy that expires, drops or limits this queue's messages would not be seen",
+			Fix:     "run the doctor again in a few seconds, or give it a longer --timeout"})
 	}
 	out = append(out, policyFindings(cfg, q, bq)...)
 	return out

@@ -153,7 +153,10 @@ func TestBrokerQueues(t *testing.T) {
 	if _, err := ch.QueueDeclare(p.Queue, true, false, false, false, p.Args); err != nil {
 		t.Fatal(err)
 	}
-	cfg := doctor.Config{Topology: top, AMQPURL: amqpURL, ManagementURL: mgmtURL}
+	// The management API reports a queue's policies only after its next
+	// statistics collection: on a busy machine that can take longer than
+	// the default 10 s, so the runs here may wait a minute.
+	cfg := doctor.Config{Topology: top, AMQPURL: amqpURL, ManagementURL: mgmtURL, Timeout: time.Minute}
 	r := run(t, cfg)
 	requireOne(t, r, "broker.queue", p.Queue, doctor.Pass)
 	requireOne(t, r, "broker.dlq", p.DLQ, doctor.Fail)

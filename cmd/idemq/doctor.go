@@ -19,7 +19,7 @@ type doctorFlags struct {
 	redisOnlyLine                             bool
 	dedupTable, inboxTable, outboxTable       string
 	dedupWindow, inboxWindow, dlRetention     time.Duration
-	handlerTimeout                            time.Duration
+	handlerTimeout, timeout                   time.Duration
 	maxAttempts, quickAttempts                int
 	output                                    string
 }
@@ -74,6 +74,7 @@ What is checked is what is given:
 	fl.DurationVar(&f.handlerTimeout, "handler-timeout", 0, "the consumers' handler deadline (ConsumerConfig.HandlerTimeout)")
 	fl.IntVar(&f.maxAttempts, "max-attempts", 0, "retry.Config.MaxAttempts of the consumers (default: one per retry delay, plus one)")
 	fl.IntVar(&f.quickAttempts, "quick-attempts", 0, "retry.Config.QuickAttempts of the consumers (default 3)")
+	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "how long the checks of each dependency may take (the broker's include waiting for the management API to report a queue declared a moment ago)")
 	addOutputFlag(cmd, &f.output)
 	return cmd
 }
@@ -87,6 +88,7 @@ func runDoctor(cmd *cobra.Command, f doctorFlags) error {
 		RedisOnlyLine: f.redisOnlyLine, DedupTable: f.dedupTable, InboxTable: f.inboxTable, OutboxTable: f.outboxTable,
 		Retry:       retry.Config{MaxAttempts: f.maxAttempts, QuickAttempts: f.quickAttempts},
 		DedupWindow: f.dedupWindow, InboxWindow: f.inboxWindow, DeadLetterRetention: f.dlRetention, HandlerTimeout: f.handlerTimeout,
+		Timeout: f.timeout,
 	}
 	if f.file != "" {
 		if cfg.Topology, err = loadTopologyFile(cio, "doctor", f.file); err != nil {

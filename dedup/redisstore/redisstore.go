@@ -60,6 +60,9 @@ type Store struct {
 	oneScript bool
 
 	waitShort atomic.Int64 // Completes whose WAIT saw fewer replicas than WaitReplicas
+
+	cluster    *redis.ClusterClient // nil unless the client is one (followFailover)
+	lastReload atomic.Int64         // UnixNano of the last slot map reload asked for
 }
 
 var (
@@ -95,8 +98,10 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 		cfg.WaitTimeout = 100 * time.Millisecond
 	}
 	s := &Store{client: client, raw: client, cfg: cfg}
-	switch client.(type) {
-	case *redis.ClusterClient, *redis.Ring:
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		s.cluster = c
+	case *redis.Ring:
 	default:
 		s.oneScript = true
 	}
@@ -267,12 +272,38 @@ var errNotRecord = errors.New("redisstore: not a dedup record")
 
 func storeErr(op string, err error) error { return &dedup.StoreError{Op: op, Err: err} }
 
+// storeErr wraps a failed call's error, and on a cluster asks the client
+// to reload its slot map (see followFailover).
+func (s *Store) storeErr(op string, err error) error {
+	s.followFailover(err)
+	return storeErr(op, err)
+}
+
+// followFailover makes a cluster client reload its slot map after a call
+// failed. go-redis reloads it on a MOVED or ASK reply, and otherwise only
+// every ClusterStateReloadInterval (60 s by default): after a primary is
+// killed, nothing answers MOVED, so every call for its slots kept dialing
+// the dead node for up to a minute after its replica had taken over
+// (measured: TestClusterPrimaryKilled). The reload is asynchronous, one at
+// a time, at most every 250 ms.
+func (s *Store) followFailover(err error) {
+	if s.cluster == nil || err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := s.lastReload.Load()
+	if now-last < int64(250*time.Millisecond) || !s.lastReload.CompareAndSwap(last, now) {
+		return
+	}
+	s.cluster.ReloadState(context.Background())
+}
+
 func (s *Store) prepare(ctx context.Context, op, key string) error {
 	if err := dedup.ValidateKey(key); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return storeErr(op, err)
+		return s.storeErr(op, err)
 	}
 	return nil
 }
@@ -285,14 +316,14 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 	rk := s.RedisKey(key)
 	ok, err := s.client.SetNX(ctx, rk, "p:"+token, msDuration(lease)).Result()
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", err)
+		return dedup.Claim{}, s.storeErr("claim", err)
 	}
 	if ok {
 		return dedup.Claim{Result: dedup.Acquired}, nil
 	}
 	vals, err := claimScript.Run(ctx, s.client, []string{rk}, token, ms(lease)).Int64Slice()
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", err)
+		return dedup.Claim{}, s.storeErr("claim", err)
 	}
 	return claimResult(vals)
 }
@@ -379,7 +410,7 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 		ok, err := c.Result()
 		switch {
 		case err != nil:
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = s.storeErr("claim", err)
 		case ok:
 			out[i].Claim = dedup.Claim{Result: dedup.Acquired}
 		default:
@@ -389,7 +420,7 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 	for i, c := range scripted {
 		vals, err := c.Int64Slice()
 		if err != nil {
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = s.storeErr("claim", err)
 			continue
 		}
 		out[i].Claim, out[i].Err = claimResult(vals)
@@ -424,7 +455,7 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 	for j, i := range exists {
 		vals, err := cmds[j].Int64Slice()
 		if err != nil {
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = s.storeErr("claim", err)
 			continue
 		}
 		out[i].Claim, out[i].Err = claimResult(vals)
@@ -486,16 +517,16 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 	}
 	if err != nil {
 		for _, i := range ci {
-			out[i].Err = storeErr("claim", err)
+			out[i].Err = s.storeErr("claim", err)
 		}
 		for _, i := range di {
-			done[i] = storeErr("complete", err)
+			done[i] = s.storeErr("complete", err)
 		}
 		return out, done
 	}
 	for j, i := range ci {
 		if vals[2*j] == 4 {
-			out[i].Err = storeErr("claim", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[j]))
+			out[i].Err = s.storeErr("claim", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[j]))
 			continue
 		}
 		out[i].Claim, out[i].Err = claimResult(vals[2*j : 2*j+2])
@@ -504,7 +535,7 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 		switch vals[2*len(ci)+j] {
 		case 1:
 		case -1:
-			done[i] = storeErr("complete", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[len(ci)+j]))
+			done[i] = s.storeErr("complete", fmt.Errorf("%w: key %q holds another type", errNotRecord, keys[len(ci)+j]))
 		default:
 			done[i] = dedup.ErrLeaseLost
 		}
@@ -524,7 +555,7 @@ func (s *Store) completeResults(out []error, idx []int, cmds []*redis.Cmd) {
 		n, err := cmds[j].Int64()
 		switch {
 		case err != nil:
-			out[i] = storeErr("complete", err)
+			out[i] = s.storeErr("complete", err)
 		case n != 1:
 			out[i] = dedup.ErrLeaseLost
 		}
@@ -592,7 +623,7 @@ func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key, t
 	}
 	n, err := script.Run(ctx, s.client, []string{s.RedisKey(key)}, args...).Int64()
 	if err != nil {
-		return storeErr(op, err)
+		return s.storeErr(op, err)
 	}
 	if n != 1 {
 		return dedup.ErrLeaseLost
@@ -652,14 +683,14 @@ func (s *Store) Get(ctx context.Context, key string) (dedup.Record, bool, error)
 	now := time.Now()
 	vals, err := getScript.Run(ctx, s.client, []string{s.RedisKey(key)}).Slice()
 	if err != nil {
-		return dedup.Record{}, false, storeErr("get", err)
+		return dedup.Record{}, false, s.storeErr("get", err)
 	}
 	if len(vals) == 0 {
 		return dedup.Record{}, false, nil
 	}
 	rec, err := s.record(key, vals[0], vals[1], now)
 	if err != nil {
-		return dedup.Record{}, false, storeErr("get", err)
+		return dedup.Record{}, false, s.storeErr("get", err)
 	}
 	return rec, true, nil
 }
@@ -694,18 +725,18 @@ func (s *Store) ForgetIdle(ctx context.Context, key string) (dedup.Record, bool,
 	now := time.Now()
 	vals, err := forgetIdleScript.Run(ctx, s.client, []string{s.RedisKey(key)}).Slice()
 	if err != nil {
-		return dedup.Record{}, false, storeErr("forget", err)
+		return dedup.Record{}, false, s.storeErr("forget", err)
 	}
 	if len(vals) == 0 {
 		return dedup.Record{}, false, nil
 	}
 	if len(vals) != 3 {
-		return dedup.Record{}, false, storeErr("forget", fmt.Errorf("unexpected script reply %v", vals))
+		return dedup.Record{}, false, s.storeErr("forget", fmt.Errorf("unexpected script reply %v", vals))
 	}
 	rec, err := s.record(key, vals[1], vals[2], now)
 	if err != nil {
 		// Not a dedup record: the script left it alone.
-		return dedup.Record{}, false, storeErr("forget", err)
+		return dedup.Record{}, false, s.storeErr("forget", err)
 	}
 	if deleted, _ := vals[0].(int64); deleted != 1 {
 		return rec, true, fmt.Errorf("%w: %s is processing, owner %s", dedup.ErrLeaseHeld, key, rec.Owner)
@@ -719,7 +750,7 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 		return err
 	}
 	if err := s.client.Del(ctx, s.RedisKey(key)).Err(); err != nil {
-		return storeErr("forget", err)
+		return s.storeErr("forget", err)
 	}
 	return nil
 }

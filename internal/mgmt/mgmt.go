@@ -352,17 +352,12 @@ func seg(s string) string { return url.PathEscape(s) }
 // for its statistics when it was declared a moment ago, and the operator
 // policy's definition when one applies and the user may read it.
 func (c *Client) Queue(ctx context.Context, vhost, name string) (Queue, error) {
-	path := "/api/queues/" + seg(vhost) + "/" + seg(name)
 	for {
-		var q Queue
-		err := c.get(ctx, path, func(b []byte) (err error) { q, err = ParseQueue(b); return err })
+		q, err := c.QueueNow(ctx, vhost, name)
 		if err != nil {
 			return Queue{}, err
 		}
 		if q.StatsIn() {
-			if q.OperatorPolicy != "" {
-				c.operatorDefinition(ctx, &q)
-			}
 			return q, nil
 		}
 		t := time.NewTimer(c.Poll)
@@ -374,6 +369,21 @@ func (c *Client) Queue(ctx context.Context, vhost, name string) (Queue, error) {
 		case <-t.C:
 		}
 	}
+}
+
+// QueueNow reads the queue once, whether or not its statistics are in
+// yet ([Queue.StatsIn]: without them its type and arguments are there,
+// its policies are not).
+func (c *Client) QueueNow(ctx context.Context, vhost, name string) (Queue, error) {
+	var q Queue
+	err := c.get(ctx, "/api/queues/"+seg(vhost)+"/"+seg(name), func(b []byte) (err error) { q, err = ParseQueue(b); return err })
+	if err != nil {
+		return Queue{}, err
+	}
+	if q.StatsIn() && q.OperatorPolicy != "" {
+		c.operatorDefinition(ctx, &q)
+	}
+	return q, nil
 }
 
 // operatorDefinition adds the operator policy's definition to q, when the
