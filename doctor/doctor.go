@@ -125,7 +125,9 @@ type Config struct {
 	RedisAddr string
 	// RedisOnlyLine says the Redis guard is the only defence (no inbox in
 	// the business transaction): a Redis without persistence is then a
-	// FAIL, not a WARN, since a restart forgets every done record.
+	// FAIL (a restart forgets every done record) and one with
+	// appendfsync everysec a WARN. Without it the inbox is the last line
+	// and both PASS.
 	RedisOnlyLine bool
 
 	// DB is the SQL database holding idemq's tables. nil: no SQL checks.
