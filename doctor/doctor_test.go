@@ -263,3 +263,19 @@ func TestSQL(t *testing.T) {
 	requireOne(t, r, "sql.outbox-lag", "", doctor.Fail)
 	requireOne(t, r, "sql.outbox-failed", "", doctor.Warn)
 }
+
+// A Redis Cluster: CLUSTER INFO ok with every slot, and each primary's
+// own settings checked.
+func TestRedisCluster(t *testing.T) {
+	rc := testenv.StartRedisCluster(t, 3)
+	r := run(t, doctor.Config{Redis: rc.Client()})
+	requireOne(t, r, "redis.cluster", "", doctor.Pass)
+	if n := len(find(r, "redis.maxmemory-policy", "")); n != 3 {
+		t.Fatalf("%d primaries' eviction policies checked, want 3:\n%s", n, show(r))
+	}
+	for _, f := range find(r, "redis.replication", "") {
+		if f.Status != doctor.Pass || !strings.Contains(f.Detail, "1 replica") {
+			t.Errorf("replication of %s: %s %s", f.Subject, f.Status, f.Detail)
+		}
+	}
+}

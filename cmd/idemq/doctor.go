@@ -16,6 +16,7 @@ import (
 
 type doctorFlags struct {
 	file, url, mgmtURL, redisURL, db, dialect string
+	redisCluster                              []string
 	redisOnlyLine                             bool
 	dedupTable, inboxTable, outboxTable       string
 	dedupWindow, inboxWindow, dlRetention     time.Duration
@@ -62,6 +63,7 @@ What is checked is what is given:
 	fl.StringVar(&f.url, "url", "", "AMQP URL (default $IDEMQ_AMQP_URL)")
 	fl.StringVar(&f.mgmtURL, "management-url", "", "management API URL (default $IDEMQ_RABBITMQ_MGMT_URL)")
 	fl.StringVar(&f.redisURL, "redis-url", "", "the dedup store's Redis URL (redis://, rediss://); empty: Redis not checked")
+	fl.StringSliceVar(&f.redisCluster, "redis-cluster", nil, "the dedup store's Redis Cluster: seed addresses host:port,host:port (instead of --redis-url)")
 	fl.BoolVar(&f.redisOnlyLine, "redis-only-line", false, "the Redis guard is the only defence (no inbox): a Redis without persistence FAILs")
 	fl.StringVar(&f.db, "db", "", "database URL or DSN holding idemq's tables; empty: SQL not checked")
 	fl.StringVar(&f.dialect, "dialect", "", "postgres, mysql or sqlite (default: from --db)")
@@ -99,6 +101,15 @@ func runDoctor(cmd *cobra.Command, f doctorFlags) error {
 		if cfg.ManagementURL == "" {
 			cfg.ManagementURL = os.Getenv(envManagementURL)
 		}
+	}
+	if len(f.redisCluster) > 0 {
+		if f.redisURL != "" {
+			return errors.New("give --redis-url or --redis-cluster, not both")
+		}
+		redis.SetLogger(silentRedisLog{})
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: f.redisCluster, MaxRetries: -1})
+		defer c.Close()
+		cfg.Redis = c
 	}
 	if f.redisURL != "" {
 		redis.SetLogger(silentRedisLog{})
