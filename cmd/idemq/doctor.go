@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -169,4 +171,18 @@ func printDoctor(cio *cmdIO, rep doctor.Report) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(cio.out, "\n%d pass, %d warn, %d fail\n", rep.Count(doctor.Pass), rep.Count(doctor.Warn), rep.Count(doctor.Fail))
+}
+
+// doctorAtStart runs the doctor on what a long-running command (relay,
+// gate) uses, in the background, and logs each finding that is not PASS
+// once. It never stops the command: the findings are for the operator.
+func doctorAtStart(ctx context.Context, log *slog.Logger, cfg doctor.Config, done func()) {
+	go func() {
+		defer done()
+		rep, err := doctor.Run(ctx, cfg)
+		if err != nil || ctx.Err() != nil {
+			return
+		}
+		rep.Log(log)
+	}()
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idemq/idemq/dedup/bloom/redisbloom"
 	"github.com/idemq/idemq/dedup/redisstore"
 	"github.com/idemq/idemq/dedup/sqlstore"
+	"github.com/idemq/idemq/doctor"
 	"github.com/idemq/idemq/gate"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/metrics"
@@ -276,6 +277,18 @@ func runGate(cmd *cobra.Command, f gateFlags) (err error) {
 		return err
 	}
 	defer closeStore()
+	if f.store == "" || f.store == "redis" || f.store == "bloom-redis" {
+		// The gate is the only line for what it forwards: its Redis must
+		// not evict nor forget done records. Logged once when not PASS.
+		if opt, err := redisOptions(redisURL(f.redisURL)); err == nil {
+			opt.MaxRetries = -1
+			rdb := redis.NewClient(opt)
+			doctorDone := make(chan struct{})
+			doctorAtStart(ctx, log, doctor.Config{Redis: rdb, RedisAddr: "redis " + opt.Addr, RedisOnlyLine: true},
+				func() { rdb.Close(); close(doctorDone) })
+			defer func() { <-doctorDone }()
+		}
+	}
 	cfg.Store, cfg.Logger = store, log
 	var m *metrics.Metrics
 	if f.metricsListen != "" {

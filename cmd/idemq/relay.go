@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/doctor"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/metrics"
 	"github.com/idemq/idemq/outbox"
@@ -306,6 +307,11 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	if err := checkBroker(ctx, log, amqpU, 10*time.Second); err != nil {
 		return err
 	}
+	// The outbox table's migrations, lag and failed rows, logged once
+	// when not PASS (idemq doctor).
+	doctorDone := make(chan struct{})
+	doctorAtStart(ctx, log, doctor.Config{DB: db, OutboxTable: f.table}, func() { close(doctorDone) })
+	defer func() { <-doctorDone }()
 	var counters idemq.Counters
 	var rec idemq.Recorder = &counters
 	var pubRec idemq.Recorder

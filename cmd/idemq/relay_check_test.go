@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/internal/testenv"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/sqlite"
 )
 
 // A wrong AMQP password ends `idemq relay` at start with the broker's
@@ -78,5 +81,49 @@ func TestRelayWarnsOnUnreachableBroker(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("relay did not stop after cancel\n%s", logs.String())
+	}
+}
+
+// At start the relay runs the doctor on its outbox table and logs what
+// is not PASS once: here a failed row waiting for an operator.
+func TestRelayLogsDoctorFindings(t *testing.T) {
+	path := testenv.SQLitePath(t)
+	db, err := sqlite.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	std := sqlite.Std(db)
+	if _, err := sqldb.Up(context.Background(), std, 0, outbox.Schema(outbox.DefaultTable)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := std.Exec(context.Background(), `INSERT INTO `+outbox.DefaultTable+` (message_id, exchange, routing_key, body, state) VALUES ('doc-1', '', 'q', X'00', 'failed')`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := newRootCmd()
+	var logs syncBuffer
+	cmd.SetErr(&logs)
+	cmd.SetOut(&logs)
+	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", testenv.RequireAMQP(t), "--log-format", "text"})
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(rctx) }()
+	testenv.Eventually(t, 30*time.Second, "the doctor's finding logged", func() bool {
+		s := logs.String()
+		return strings.Contains(s, "idemq doctor: sql.outbox-failed WARN") && strings.Contains(s, "1 failed rows")
+	})
+	rcancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("relay: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("relay did not stop after cancel\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), "idemq doctor:"); n != 1 {
+		t.Errorf("%d doctor lines, want the one finding once:\n%s", n, logs.String())
 	}
 }
