@@ -286,6 +286,9 @@ type Consumer struct {
 	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
 
 	queueLimit atomic.Int64 // the broker's delivery limit for Queue, 0: unknown (limit.go)
+	// queueTimeout is the broker's consumer timeout for Queue in ns (an
+	// argument or a policy, read with the limit), 0: none shown.
+	queueTimeout atomic.Int64
 	limitMu    sync.Mutex   // serialises reads of the limit (limit.go)
 	limitRead  bool         // a limit was read once (under limitMu)
 
@@ -317,12 +320,6 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 			c.counters = cc
 		}
 	}
-	c.watch = newWatchdog(c)
-	c.policy = cfg.Pipeline.Policy
-	c.handler = cfg.Pipeline.chain(c.deadline)
-	brk := cfg.Breaker
-	brk.Probes = append(cfg.Pipeline.layerProbes(), brk.Probes...)
-	c.brk = newBreaker(brk, c.rec, c.log)
 	if cfg.ManagementURL != "" {
 		m, err := mgmt.New(cfg.ManagementURL, cfg.ManagementClient)
 		if err != nil {
@@ -330,6 +327,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		}
 		c.mgmt = m
 	}
+	c.watch = newWatchdog(c)
+	c.policy = cfg.Pipeline.Policy
+	c.handler = cfg.Pipeline.chain(c.deadline) // after c.mgmt: the deadline follows the queue's consumer timeout
+	brk := cfg.Breaker
+	brk.Probes = append(cfg.Pipeline.layerProbes(), brk.Probes...)
+	c.brk = newBreaker(brk, c.rec, c.log)
 	return c, nil
 }
 

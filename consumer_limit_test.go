@@ -166,3 +166,60 @@ func TestConsumerRefreshesTheDeliveryLimit(t *testing.T) {
 		t.Fatalf("%d reconnects: the limit must have been read by the refresh", n)
 	}
 }
+
+// A consumer timeout the broker shows for the queue (here its
+// x-consumer-timeout argument, 8 s) bounds the handlers when it is shorter
+// than ConsumerTimeout (default 30 min): a handler that never returns has
+// its context cancelled one margin (a quarter of it) before, not at the
+// 30 min bound; a warning says so once.
+func TestQueueConsumerTimeoutBoundsHandlers(t *testing.T) {
+	mu := testenv.RequireManagement(t)
+	q := testenv.Name(t, "q")
+	if _, err := testenv.Channel(t).QueueDeclare(q, true, false, false, false, amqp.Table{"x-consumer-timeout": int64(8000)}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.DeleteQueue(q) })
+	var logs logBuffer
+	cancelledAfter := make(chan time.Duration, 1)
+	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: testenv.RequireAMQP(t), Dial: testenv.Dial, Queue: q, ManagementURL: mu,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(ctx context.Context, d *idemq.Delivery) error {
+			start := time.Now()
+			select {
+			case <-ctx.Done():
+				select {
+				case cancelledAfter <- time.Since(start):
+				default:
+				}
+				return ctx.Err()
+			case <-time.After(time.Minute):
+				return errors.New("not cancelled within a minute")
+			}
+		})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	select {
+	case <-c.Ready():
+	case err := <-stopped:
+		t.Fatalf("Run = %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("consumer not ready")
+	}
+	if l := logs.lines("shorter consumer timeout", "consumer_timeout=8s", `source="argument x-consumer-timeout"`); len(l) != 1 {
+		t.Fatalf("want one warning with the queue's consumer timeout; log:\n%s", logs.String())
+	}
+	testenv.Publish(t, "", q, amqp.Publishing{MessageId: "ct-1"})
+	select {
+	case d := <-cancelledAfter:
+		if d < 4*time.Second || d > 7500*time.Millisecond {
+			t.Fatalf("handler cancelled after %v, want about 6 s (8 s minus a 2 s margin)", d)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("handler not cancelled within 30 s; log:\n%s", logs.String())
+	}
+}

@@ -100,6 +100,20 @@ func (cfg *ConsumerConfig) timeouts() timeouts {
 	return t
 }
 
+// timeouts are the consumer's bounds: its configuration, with the
+// broker's consumer timeout for the queue when the management API showed
+// a shorter one (limit.go); the margin then stays below a quarter of it.
+func (c *Consumer) timeouts() timeouts {
+	t := c.cfg.timeouts()
+	if q := time.Duration(c.queueTimeout.Load()); q > 0 && (t.broker <= 0 || q < t.broker) {
+		t.broker = q
+		if t.margin <= 0 || t.margin > q/4 {
+			t.margin = q / 4
+		}
+	}
+	return t
+}
+
 // bound is when handlers of a delivery received at receivedAt must be done
 // by: ConsumerTimeout minus the margin after it arrived. ok is false when
 // there is no broker timeout.
@@ -116,11 +130,11 @@ func (t timeouts) bound(receivedAt time.Time) (at time.Time, ok bool) {
 // live context, so they can release the claim, roll back and republish
 // after a timeout.
 func (c *Consumer) deadline(h Handler) Handler {
-	t := c.cfg.timeouts()
-	if t.handler <= 0 && t.broker <= 0 {
+	if t := c.timeouts(); t.handler <= 0 && t.broker <= 0 && c.mgmt == nil {
 		return h
 	}
 	return HandlerFunc(func(ctx context.Context, d *Delivery) error {
+		t := c.timeouts() // per delivery: the broker's may have been read since
 		start := time.Now()
 		var at time.Time
 		fromBroker := false
@@ -169,7 +183,7 @@ func (c *Consumer) expired(ctx context.Context, j job) (dec Decision, ok bool) {
 		// back (a no-op on a dead channel: the broker redelivers).
 		return giveBack, true
 	}
-	t := c.cfg.timeouts()
+	t := c.timeouts()
 	b, ok := t.bound(j.del.ReceivedAt)
 	if !ok || time.Until(b) > t.margin {
 		return Decision{}, false
@@ -203,11 +217,28 @@ func newWatchdog(c *Consumer) *watchdog {
 	return &watchdog{c: c, t: c.cfg.timeouts(), inflight: map[*Delivery]watched{}}
 }
 
-func (w *watchdog) enabled() bool { return w.t.stuck > 0 || w.t.broker > 0 }
+func (w *watchdog) enabled() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.t.stuck > 0 || w.t.broker > 0
+}
+
+// setTimeouts replaces the bounds (the broker's consumer timeout read
+// for the queue). The check period set at start stays.
+func (w *watchdog) setTimeouts(t timeouts) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.t = t
+	w.mu.Unlock()
+}
 
 // period is how often the watchdog looks: a quarter of the shortest
 // threshold, between 5ms and 1s.
 func (w *watchdog) period() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	p := time.Second
 	if w.t.stuck > 0 {
 		p = min(p, w.t.stuck/4)
@@ -261,6 +292,7 @@ type warning struct {
 func (w *watchdog) check(now time.Time) {
 	var warns []warning
 	w.mu.Lock()
+	broker := w.t.broker
 	for d, s := range w.inflight {
 		age := now.Sub(s.start)
 		changed := false
@@ -289,7 +321,7 @@ func (w *watchdog) check(now time.Time) {
 		if wn.near {
 			w.c.log.Warn("idemq: handler nears the broker's consumer_timeout; its context is cancelled before the broker would close the channel",
 				"message_id", wn.d.MessageID, "delivery_tag", wn.d.DeliveryTag, "age", wn.age.Round(time.Millisecond),
-				"cancelled_in", max(wn.cancels, 0).Round(time.Millisecond), "consumer_timeout", w.t.broker)
+				"cancelled_in", max(wn.cancels, 0).Round(time.Millisecond), "consumer_timeout", broker)
 			continue
 		}
 		if wn.first {

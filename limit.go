@@ -56,7 +56,13 @@ func (c *Consumer) readLimit(ctx context.Context, vhost string) error {
 	defer c.limitMu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.ManagementTimeout)
 	defer cancel()
-	l, err := c.mgmt.DeliveryLimit(rctx, vhost, c.cfg.Queue)
+	q, err := c.mgmt.Queue(rctx, vhost, c.cfg.Queue)
+	var l mgmt.Limit
+	if err == nil {
+		if l, err = mgmt.Resolve(q); err != nil {
+			err = fmt.Errorf("queue %q in vhost %q at %s: %w", c.cfg.Queue, vhost, c.mgmt, err)
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -78,5 +84,38 @@ func (c *Consumer) readLimit(ctx context.Context, vhost string) error {
 			"type", l.Type, "vhost", vhost, "management", c.mgmt.String())
 	}
 	c.limitRead = true
+	c.readConsumerTimeout(q)
 	return nil
+}
+
+// readConsumerTimeout takes the consumer timeout the broker shows for the
+// queue (an x-consumer-timeout argument, a consumer-timeout policy) as
+// the bound of handlers when it is shorter than ConsumerTimeout, and
+// warns once per value when it is shorter than HandlerTimeout or
+// ConsumerTimeout: handlers end before the broker would close the
+// channel. Called with limitMu held.
+func (c *Consumer) readConsumerTimeout(q mgmt.Queue) {
+	d, source, ok, err := mgmt.ConsumerTimeout(q)
+	if err != nil {
+		c.log.Warn("idemq: could not read the queue's consumer timeout", "queue", c.cfg.Queue, "err", err)
+		return
+	}
+	n := int64(0)
+	if ok && d > 0 {
+		n = int64(d)
+	}
+	if c.queueTimeout.Swap(n) == n {
+		return
+	}
+	c.watch.setTimeouts(c.timeouts())
+	if n == 0 {
+		return
+	}
+	if (c.cfg.ConsumerTimeout > 0 && d < c.cfg.ConsumerTimeout) || c.cfg.HandlerTimeout > d {
+		c.log.Warn("idemq: the broker applies a shorter consumer timeout to the queue than the consumer was given; handlers are bounded below it",
+			"queue", c.cfg.Queue, "consumer_timeout", d, "source", source,
+			"ConsumerTimeout", c.cfg.ConsumerTimeout, "HandlerTimeout", c.cfg.HandlerTimeout, "bound", d-c.timeouts().margin)
+		return
+	}
+	c.log.Info("idemq: queue consumer timeout", "queue", c.cfg.Queue, "consumer_timeout", d, "source", source)
 }

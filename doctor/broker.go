@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -249,7 +248,7 @@ func policyFindings(cfg Config, q mgmt.Queue, bq brokerQueue) []Finding {
 	}
 	if bq.role == "queue" {
 		out = append(out, limitFindings(q, bq)...)
-		out = append(out, consumerTimeoutFindings(cfg, q, def, bq)...)
+		out = append(out, consumerTimeoutFindings(cfg, q, bq)...)
 	}
 	return out
 }
@@ -277,21 +276,14 @@ func limitFindings(q mgmt.Queue, bq brokerQueue) []Finding {
 // consumerTimeoutFindings compares a queue's consumer timeout (argument
 // x-consumer-timeout, or policy key consumer-timeout) with the handler
 // deadline.
-func consumerTimeoutFindings(cfg Config, q mgmt.Queue, def map[string]any, bq brokerQueue) []Finding {
-	v, ok := q.Arguments["x-consumer-timeout"]
-	source := "argument x-consumer-timeout"
-	if !ok {
-		v, ok = def["consumer-timeout"]
-		source = "policy " + q.Policy
+func consumerTimeoutFindings(cfg Config, q mgmt.Queue, bq brokerQueue) []Finding {
+	timeout, source, ok, err := mgmt.ConsumerTimeout(q)
+	if err != nil {
+		return []Finding{{Check: "broker.consumer-timeout", Subject: bq.name, Status: Warn, Detail: "not checked: " + err.Error()}}
 	}
 	if !ok {
 		return nil
 	}
-	ms, err := mgmtInt(v)
-	if err != nil {
-		return []Finding{{Check: "broker.consumer-timeout", Subject: bq.name, Status: Warn, Detail: fmt.Sprintf("%s = %v: not an integer", source, v)}}
-	}
-	timeout := time.Duration(ms) * time.Millisecond
 	f := Finding{Check: "broker.consumer-timeout", Subject: bq.name, Status: Pass, Detail: fmt.Sprintf("consumer timeout %v (%s)", timeout, source)}
 	switch {
 	case cfg.HandlerTimeout <= 0:
@@ -300,13 +292,7 @@ func consumerTimeoutFindings(cfg Config, q mgmt.Queue, def map[string]any, bq br
 		f.Status = Fail
 		f.Detail += fmt.Sprintf(" <= handler deadline %v", cfg.HandlerTimeout)
 		f.Meaning = "the broker closes the channel of a consumer whose handler runs that long: every delivery in flight on it is redelivered, the slow one again and again"
-		f.Fix = fmt.Sprintf("raise the queue's consumer timeout above %v, or set ConsumerConfig.ConsumerTimeout to %v so idemq bounds its handlers below it", cfg.HandlerTimeout, timeout)
+		f.Fix = fmt.Sprintf("raise the queue's consumer timeout above %v, or give the consumers ManagementURL (they then bound handlers below it) or ConsumerConfig.ConsumerTimeout %v", cfg.HandlerTimeout, timeout)
 	}
 	return []Finding{f}
-}
-
-func mgmtInt(v any) (int64, error) {
-	var n int64
-	_, err := fmt.Sscan(fmt.Sprint(v), &n)
-	return n, err
 }

@@ -127,6 +127,33 @@ func (q Queue) definition() (map[string]any, error) {
 // (policy merged with the operator policy), nil when none applies.
 func (q Queue) Definition() (map[string]any, error) { return q.definition() }
 
+// ConsumerTimeout is the consumer timeout the broker applies to q, where
+// it shows one: the queue's x-consumer-timeout argument, else the
+// consumer-timeout key of the policies that apply (RabbitMQ 3.12+
+// enforces both; the broker-wide consumer_timeout is not visible over
+// the API). ok is false when neither is set.
+func ConsumerTimeout(q Queue) (d time.Duration, source string, ok bool, err error) {
+	if v, found := q.Arguments["x-consumer-timeout"]; found {
+		n, err := intValue(v)
+		if err != nil {
+			return 0, "", false, fmt.Errorf("x-consumer-timeout: %w", err)
+		}
+		return time.Duration(n) * time.Millisecond, "argument x-consumer-timeout", true, nil
+	}
+	def, err := q.definition()
+	if err != nil {
+		return 0, "", false, err
+	}
+	if v, found := def["consumer-timeout"]; found {
+		n, err := intValue(v)
+		if err != nil {
+			return 0, "", false, fmt.Errorf("policy consumer-timeout: %w", err)
+		}
+		return time.Duration(n) * time.Millisecond, "policy " + q.Policy, true, nil
+	}
+	return 0, "", false, nil
+}
+
 // intValue reads a limit: a JSON integer (or an integral float), in int
 // range. A string, a fraction, a bool is an error.
 func intValue(v any) (int, error) {

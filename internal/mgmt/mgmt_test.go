@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestResolve(t *testing.T) {
@@ -168,4 +169,29 @@ func FuzzResolve(f *testing.F) {
 		}
 		_ = l.String()
 	})
+}
+
+func TestConsumerTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       time.Duration
+		source     string
+		ok, err    bool
+	}{
+		{"none", `{"name":"q","arguments":{},"effective_policy_definition":[]}`, 0, "", false, false},
+		{"argument", `{"name":"q","arguments":{"x-consumer-timeout":8000},"effective_policy_definition":{"consumer-timeout":1000}}`, 8 * time.Second, "argument x-consumer-timeout", true, false},
+		{"policy", `{"name":"q","policy":"p","arguments":{},"effective_policy_definition":{"consumer-timeout":60000}}`, time.Minute, "policy p", true, false},
+		{"not an integer", `{"name":"q","arguments":{"x-consumer-timeout":"soon"}}`, 0, "", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, err := ParseQueue([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, source, ok, err := ConsumerTimeout(q)
+			if (err != nil) != tc.err || d != tc.want || source != tc.source || ok != tc.ok {
+				t.Fatalf("ConsumerTimeout = %v %q %v %v, want %v %q %v (error %v)", d, source, ok, err, tc.want, tc.source, tc.ok, tc.err)
+			}
+		})
+	}
 }
