@@ -96,6 +96,12 @@ func Run(t *testing.T, s Suite) {
 		{name: "BatchConcurrentOneAcquires", fn: batchConcurrent, batch: true},
 		{name: "BatchOnBrokenStoreFails", fn: batchBroken, batch: true},
 		{name: "MixedBatchAnswersAsSingleCalls", fn: mixedBatchAnswers, batch: true},
+		{name: "ConcurrentHistoryIsLinearizable", fn: func(t *testing.T, s Suite) {
+			if s.Features.NotModelled != "" {
+				t.Skip("not modelled: " + s.Features.NotModelled)
+			}
+			linearizable(t, s)
+		}},
 		{name: "RandomInterleavingsMatchTheModel", timing: true, fn: func(t *testing.T, s Suite) {
 			if s.Features.NotModelled != "" {
 				t.Skip("not modelled: " + s.Features.NotModelled)
