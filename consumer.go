@@ -289,8 +289,8 @@ type Consumer struct {
 	// queueTimeout is the broker's consumer timeout for Queue in ns (an
 	// argument or a policy, read with the limit), 0: none shown.
 	queueTimeout atomic.Int64
-	limitMu    sync.Mutex   // serialises reads of the limit (limit.go)
-	limitRead  bool         // a limit was read once (under limitMu)
+	limitMu      sync.Mutex // serialises reads of the limit (limit.go)
+	limitRead    bool       // a limit was read once (under limitMu)
 
 	mu      sync.Mutex
 	running bool
