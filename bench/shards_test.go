@@ -19,13 +19,15 @@ import (
 // round trip per primary it touches) and the records spread over three
 // servers. On a machine with more cores than servers the shards add
 // capacity; on this one (2 cores shared with the broker) they cannot, and
-// the case prices the cluster's routing. Run with -count 5: the two cases
-// alternate.
+// the case prices the cluster's routing. raw-ack-each (a plain amqp091-go
+// consumer) is the baseline of the same run. For interleaved figures run
+// the process 5 times (-count repeats each case in a row).
 func BenchmarkRedisShards(b *testing.B) {
 	// The servers start once, outside the timed runs.
 	single := testenv.StartPrivateRedis(b, true).Client()
 	b.Cleanup(func() { single.Close() })
 	cluster := testenv.StartRedisCluster(b, 3).Client()
+	consumeCase(b, "raw-ack-each", 0, func(b *testing.B, r *run) { rawConsume(b, r.Queue, r.N, 1) })
 	for _, c := range []struct {
 		name   string
 		client redis.UniversalClient
