@@ -40,6 +40,14 @@ type LinParams struct {
 	Rounds  int // sets of fresh keys the clients go through; default 25
 	Keys    int // keys per round; default 3
 	Ops     int // calls per client per round; default 8
+	// Pace is a pause between a client's calls (0: none), so that a
+	// fault injected meanwhile lands among them.
+	Pace time.Duration
+	// ErrorPause is how long a client waits after a failed call before
+	// its next one. Default 100ms: a call whose outcome is unknown may be
+	// placed anywhere after its invocation, and each one doubles what the
+	// checker may have to search in its key's history.
+	ErrorPause time.Duration
 }
 
 func (p LinParams) withDefaults() LinParams {
@@ -54,6 +62,9 @@ func (p LinParams) withDefaults() LinParams {
 	}
 	if p.Ops <= 0 {
 		p.Ops = 8
+	}
+	if p.ErrorPause <= 0 {
+		p.ErrorPause = 100 * time.Millisecond
 	}
 	return p
 }
@@ -165,7 +176,8 @@ type LinResult struct {
 	Ops          int    // calls recorded
 	Keys         int    // keys they went to
 	Errors       int    // calls that failed (unknown outcome)
-	Linearizable bool   // porcupine's verdict (false also when it timed out)
+	Linearizable bool   // porcupine's verdict is Ok
+	Verdict      string // "Ok", "Illegal" (not linearizable) or "Unknown" (the check timed out)
 	Visualized   string // the HTML visualisation of a failed check ("" when it passed)
 }
 
@@ -213,6 +225,12 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 					mu.Lock()
 					hist = append(hist, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret})
 					mu.Unlock()
+					switch {
+					case out.unknown:
+						time.Sleep(p.ErrorPause)
+					case p.Pace > 0:
+						time.Sleep(p.Pace)
+					}
 				}
 			}
 		}()
@@ -227,6 +245,7 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 	model := LeaseModel.ToModel()
 	verdict, info := porcupine.CheckOperationsVerbose(model, hist, time.Minute)
 	res.Linearizable = verdict == porcupine.Ok
+	res.Verdict = string(verdict)
 	if !res.Linearizable {
 		res.Visualized = visualPath(t, name)
 		if err := porcupine.VisualizePath(model, info, res.Visualized); err != nil {
