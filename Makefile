@@ -19,11 +19,11 @@ status:
 down:
 	@scripts/services.sh down
 
-cluster: ## a 3-node RabbitMQ cluster (AMQP 5701-5703) and Redis with 2 replicas and 3 Sentinels (6401-6403, 26401-26403), data in .data/cluster
+cluster: ## a 3-node RabbitMQ cluster (AMQP 5701-5703), Redis with 2 replicas and 3 Sentinels (6401-6403, 26401-26403) and a Redis Cluster of 3 primaries + 3 replicas (6501-6506), data in .data/cluster
 	@scripts/cluster.sh up
 	@echo 'eval "$$(scripts/cluster.sh env)" points idemq at it'
 
-cluster-env: ## export lines for the cluster: IDEMQ_AMQP_URLS, IDEMQ_REDIS_SENTINELS, IDEMQ_REDIS_MASTER
+cluster-env: ## export lines for the cluster: IDEMQ_AMQP_URLS, IDEMQ_REDIS_SENTINELS, IDEMQ_REDIS_MASTER, IDEMQ_REDIS_CLUSTER
 	@scripts/cluster.sh env
 
 cluster-status:

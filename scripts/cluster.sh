@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# cluster.sh — a 3-node RabbitMQ cluster and a Redis primary with two
-# replicas watched by three Sentinels, all on loopback, on ports of their own
+# cluster.sh — a 3-node RabbitMQ cluster, a Redis primary with two
+# replicas watched by three Sentinels, and a Redis Cluster of three
+# primaries and three replicas (6501-6506), all on loopback, on ports of their own
 # (never the shared single servers of scripts/services.sh, which this script
 # never stops), with their data under .data/cluster/.
 #
@@ -9,7 +10,7 @@
 #   scripts/cluster.sh status          say what is listening, the cluster's members and the Redis primary
 #   scripts/cluster.sh down            stop the cluster's servers (only those: by node name, port and pid file)
 #   scripts/cluster.sh down-now        the same with kill -9 (a test's throwaway cluster)
-#   scripts/cluster.sh up-rabbit|up-redis   start one half only (no installing)
+#   scripts/cluster.sh up-rabbit|up-redis|up-redis-cluster   start one part only (no installing)
 #
 # Faults (make cluster-chaos, the cluster tests):
 #   scripts/cluster.sh kill N          kill -9 RabbitMQ node N (1..3)
@@ -21,6 +22,8 @@
 #   scripts/cluster.sh rolling         restart the nodes one at a time, each once no quorum queue depends on it
 #   scripts/cluster.sh redis-failover  kill -9 the Redis primary, wait for Sentinel to promote a replica,
 #                                      restart the old primary (it comes back as a replica)
+#   scripts/cluster.sh redis-cluster-kill [KEY]   kill -9 the Redis Cluster primary serving KEY, wait for
+#                                      its replica to take over, restart it (it comes back as a replica)
 #   scripts/cluster.sh wait-quorum     wait until every node runs and no quorum queue is short of members
 #
 # Everything can be moved (the cluster tests run a private cluster of their
@@ -45,10 +48,11 @@ read -r -a DIST_PORTS <<<"${IDEMQ_CLUSTER_DIST_PORTS:-25701 25702 25703}"
 read -r -a MGMT_PORTS <<<"${IDEMQ_CLUSTER_MGMT_PORTS:-15701 15702 15703}"
 read -r -a REDIS_PORTS <<<"${IDEMQ_CLUSTER_REDIS_PORTS:-6401 6402 6403}"
 read -r -a SENT_PORTS <<<"${IDEMQ_CLUSTER_SENTINEL_PORTS:-26401 26402 26403}"
+read -r -a RC_PORTS <<<"${IDEMQ_CLUSTER_REDIS_CLUSTER_PORTS:-6501 6502 6503 6504 6505 6506}"
 MASTER="${IDEMQ_CLUSTER_REDIS_MASTER:-idemq}"
 SHARED_PORTS=" $AMQP_PORT $REDIS_PORT $PG_PORT $MYSQL_PORT $RABBIT_DIST_PORT 15672 "
 
-for p in "${AMQP_PORTS[@]}" "${DIST_PORTS[@]}" "${MGMT_PORTS[@]}" "${REDIS_PORTS[@]}" "${SENT_PORTS[@]}"; do
+for p in "${AMQP_PORTS[@]}" "${DIST_PORTS[@]}" "${MGMT_PORTS[@]}" "${REDIS_PORTS[@]}" "${SENT_PORTS[@]}" "${RC_PORTS[@]}"; do
 	[[ "$SHARED_PORTS" != *" $p "* ]] || die "port $p belongs to the shared servers; pick another"
 done
 
@@ -249,6 +253,90 @@ up_redis_sentinel() {
 	wait_for 60 "Sentinels" sentinels_ok || die "the Sentinels did not find each other"
 }
 
+# ---- Redis Cluster: three primaries, three replicas ----
+
+rcdir() { printf '%s/redis-cluster' "$CDIR"; }
+
+start_rc_node() {
+	local port=$1 dir
+	dir="$(rcdir)/$port"
+	if redis_ping "$port"; then return; fi
+	mkdir -p "$dir"
+	chown -R redis: "$(rcdir)"
+	# The bus port is the port + 10000 (kept below 65536 by the defaults).
+	runuser -u redis -- redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" \
+		--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+		--appendonly yes --appendfsync everysec --save "" --daemonize yes \
+		--pidfile "$dir/redis.pid" --logfile "$dir/redis.log" --repl-diskless-sync-delay 0
+	wait_for 30 "Redis Cluster node $port" redis_ping "$port" || die "Redis Cluster node $port did not start"
+}
+
+# rc_ok — the cluster serves all 16384 slots and every replica is in sync.
+rc_ok() {
+	local p
+	redis-cli -p "${RC_PORTS[0]}" cluster info 2>/dev/null | tr -d '\r' | grep -q '^cluster_state:ok' || return 1
+	redis-cli -p "${RC_PORTS[0]}" cluster info | tr -d '\r' | grep -q '^cluster_slots_ok:16384' || return 1
+	for p in "${RC_PORTS[@]}"; do
+		redis_ping "$p" || continue
+		if redis-cli -p "$p" info replication | tr -d '\r' | grep -q '^role:slave'; then
+			redis-cli -p "$p" info replication | tr -d '\r' | grep -q '^master_link_status:up' || return 1
+		fi
+	done
+}
+
+up_redis_cluster() {
+	local p addrs=()
+	for p in "${RC_PORTS[@]}"; do
+		start_rc_node "$p"
+		addrs+=("127.0.0.1:$p")
+	done
+	if ! redis-cli -p "${RC_PORTS[0]}" cluster info | tr -d '\r' | grep -q '^cluster_known_nodes:6'; then
+		redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >/dev/null || die "redis-cli --cluster create failed"
+	fi
+	wait_for 60 "the Redis Cluster" rc_ok || die "the Redis Cluster is not ok"
+}
+
+# rc_primary_of KEY [PORT] — the port of the primary serving KEY's slot,
+# as the node on PORT (default the first) sees it.
+rc_primary_of() {
+	local q=${2:-${RC_PORTS[0]}} slot
+	slot="$(redis-cli -p "$q" cluster keyslot "$1" 2>/dev/null | tr -d '\r')" || return 1
+	[ -n "$slot" ] || return 1
+	redis-cli -p "$q" cluster nodes | tr -d '\r' | awk -v s="$slot" '
+		$3 ~ /master/ && $3 !~ /fail/ { for (i = 9; i <= NF; i++) { n = split($i, r, "-"); if (n == 1) r[2] = r[1]; if (s + 0 >= r[1] + 0 && s + 0 <= r[2] + 0) { split($2, a, "@"); n = split(a[1], b, ":"); print b[n]; exit } } }'
+}
+
+# redis_cluster_kill [KEY] — kill -9 the primary serving KEY (default
+# "idemq"), wait until another node serves its slot and the cluster is ok,
+# restart it (it comes back as a replica).
+redis_cluster_kill() {
+	local key=${1:-idemq} port pid
+	port="$(rc_primary_of "$key")" || die "no primary found"
+	[ -n "$port" ] || die "no primary serves $key"
+	pid="$(cat "$(rcdir)/$port/redis.pid")"
+	kill -9 "$pid"
+	log "killed the Redis Cluster primary on $port"
+	wait_for 60 "a replica to take over from $port" rc_took_over "$key" "$port" || die "no replica took over from $port"
+	start_rc_node "$port"
+	wait_for 60 "the Redis Cluster" rc_ok || die "the Redis Cluster did not come back whole"
+	echo "$port"
+}
+
+# rc_took_over KEY PORT — a node other than PORT serves KEY's slot, as
+# another node sees it, and that node's cluster is ok.
+rc_took_over() {
+	local p now
+	for p in "${RC_PORTS[@]}"; do
+		[ "$p" = "$2" ] && continue
+		redis_ping "$p" || continue
+		now="$(rc_primary_of "$1" "$p")" || return 1
+		[ -n "$now" ] && [ "$now" != "$2" ] || return 1
+		redis-cli -p "$p" cluster info | tr -d '\r' | grep -q '^cluster_state:ok'
+		return
+	done
+	return 1
+}
+
 redis_index() {
 	local port=$1 i
 	for i in 1 2 3; do
@@ -359,6 +447,7 @@ print_cluster_env() {
 		export IDEMQ_CLUSTER_NODES='$(node 1),$(node 2),$(node 3)'
 		export IDEMQ_REDIS_SENTINELS='$sents'
 		export IDEMQ_REDIS_MASTER='$MASTER'
+		export IDEMQ_REDIS_CLUSTER='$(printf '127.0.0.1:%s,' "${RC_PORTS[@]}" | sed 's/,$//')'
 	EOF
 }
 
@@ -376,6 +465,11 @@ cluster_status() {
 		if redis_ping "${SENT_PORTS[$((i - 1))]}"; then echo "sentinel 127.0.0.1:${SENT_PORTS[$((i - 1))]}: up"; else echo "sentinel 127.0.0.1:${SENT_PORTS[$((i - 1))]}: down"; fi
 	done
 	echo "redis primary (per Sentinel): $(primary_port || echo unknown)"
+	for i in "${RC_PORTS[@]}"; do
+		if redis_ping "$i"; then
+			echo "redis cluster 127.0.0.1:$i: $(redis-cli -p "$i" info replication | tr -d '\r' | grep '^role:')"
+		else echo "redis cluster 127.0.0.1:$i: down"; fi
+	done
 }
 
 # cluster_down [now] — stop the nodes (gracefully, or with kill -9 when
@@ -387,7 +481,7 @@ cluster_down() {
 		pid="$(node_pid "$i" || true)"
 		if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -9 "$pid" 2>/dev/null || true; fi
 	done
-	for f in "$(rdir)"/sentinel?.pid "$(rdir)"/redis?.pid; do
+	for f in "$(rdir)"/sentinel?.pid "$(rdir)"/redis?.pid "$(rcdir)"/*/redis.pid; do
 		[ -s "$f" ] || continue
 		pid="$(cat "$f")"
 		kill -9 "$pid" 2>/dev/null || true
@@ -411,7 +505,12 @@ up)
 	if ((${#need_pkgs[@]})); then install_missing; fi
 	up_rabbit_cluster
 	up_redis_sentinel
-	log "up: 3 RabbitMQ nodes (${AMQP_PORTS[*]}), Redis ${REDIS_PORTS[*]}, Sentinels ${SENT_PORTS[*]}"
+	up_redis_cluster
+	log "up: 3 RabbitMQ nodes (${AMQP_PORTS[*]}), Redis ${REDIS_PORTS[*]}, Sentinels ${SENT_PORTS[*]}, Redis Cluster ${RC_PORTS[*]}"
+	;;
+up-redis-cluster)
+	mkdir -p "$CDIR"
+	up_redis_cluster
 	;;
 up-rabbit)
 	mkdir -p "$CDIR"
@@ -444,6 +543,7 @@ outage)
 	;;
 rolling) rolling ;;
 redis-failover) redis_failover ;;
+redis-cluster-kill) redis_cluster_kill "${2:-}" ;;
 redis-primary) primary_port ;;
 wait-quorum) wait_quorum "${2:-180}" ;;
 *) die "usage: $0 up|env|status|down|kill N|stop N|start N|leader Q|kill-leader Q [S]|outage N S|rolling|redis-failover|wait-quorum" ;;
