@@ -265,10 +265,9 @@ func (w *watchdog) track(d *Delivery) (done func()) {
 }
 
 // run checks the handlers in flight every period until ctx ends.
+// It keeps running while it has nothing to watch: a consumer timeout read
+// from the broker later (setTimeouts) may give it something.
 func (w *watchdog) run(ctx context.Context) {
-	if !w.enabled() {
-		return
-	}
 	tk := time.NewTicker(w.period())
 	defer tk.Stop()
 	for {
@@ -276,7 +275,9 @@ func (w *watchdog) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-tk.C:
-			w.check(now)
+			if w.enabled() {
+				w.check(now)
+			}
 		}
 	}
 }

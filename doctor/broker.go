@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -14,6 +15,10 @@ import (
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/topology"
 )
+
+// defaultConsumerTimeout is idemq.ConsumerConfig's default ConsumerTimeout
+// (the broker's default consumer_timeout).
+const defaultConsumerTimeout = 30 * time.Minute
 
 const fixApply = "idemq topology apply -f FILE (declares what is missing; existing queues are left as they are)"
 
@@ -78,7 +83,7 @@ func brokerFindings(ctx context.Context, cfg Config) []Finding {
 	per := make([][]Finding, len(qs))
 	var wg sync.WaitGroup
 	for i, bq := range qs {
-		exists, err := queueExists(conn, bq.name)
+		exists, err := queueExists(ctx, conn, bq.name)
 		switch {
 		case err != nil:
 			per[i] = []Finding{{Check: "broker." + bq.role, Subject: bq.name, Status: Fail, Detail: "could not check: " + err.Error(),
@@ -107,8 +112,28 @@ func brokerFindings(ctx context.Context, cfg Config) []Finding {
 }
 
 // queueExists declares name passively on a channel of its own (a missing
-// queue closes the channel).
-func queueExists(conn *amqp.Connection, name string) (bool, error) {
+// queue closes the channel), within ctx: a broker that stops answering
+// does not hold the doctor past its timeout (the connection is closed
+// when the checks return, which ends the call left behind).
+func queueExists(ctx context.Context, conn *amqp.Connection, name string) (bool, error) {
+	type result struct {
+		ok  bool
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		ok, err := declarePassive(conn, name)
+		res <- result{ok, err}
+	}()
+	select {
+	case r := <-res:
+		return r.ok, r.err
+	case <-ctx.Done():
+		return false, fmt.Errorf("passive declare of %s: %w", name, ctx.Err())
+	}
+}
+
+func declarePassive(conn *amqp.Connection, name string) (bool, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return false, err
@@ -286,6 +311,11 @@ func consumerTimeoutFindings(cfg Config, q mgmt.Queue, bq brokerQueue) []Finding
 	}
 	f := Finding{Check: "broker.consumer-timeout", Subject: bq.name, Status: Pass, Detail: fmt.Sprintf("consumer timeout %v (%s)", timeout, source)}
 	switch {
+	case cfg.HandlerTimeout <= 0 && timeout < defaultConsumerTimeout:
+		f.Status = Warn
+		f.Detail += "; handler deadline not given"
+		f.Meaning = fmt.Sprintf("a consumer without ManagementURL bounds its handlers below ConsumerTimeout (default %v), above this queue's timeout: a handler running longer than %v has its channel closed by the broker, and every delivery in flight on it is redelivered", defaultConsumerTimeout, timeout)
+		f.Fix = fmt.Sprintf("give the consumers ManagementURL (they then bound handlers below it) or ConsumerConfig.ConsumerTimeout %v, and --handler-timeout to check the deadline", timeout)
 	case cfg.HandlerTimeout <= 0:
 		f.Detail += "; handler deadline not given, not compared"
 	case timeout <= cfg.HandlerTimeout:

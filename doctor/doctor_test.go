@@ -270,12 +270,19 @@ func TestRedisCluster(t *testing.T) {
 	rc := testenv.StartRedisCluster(t, 3)
 	r := run(t, doctor.Config{Redis: rc.Client()})
 	requireOne(t, r, "redis.cluster", "", doctor.Pass)
-	if n := len(find(r, "redis.maxmemory-policy", "")); n != 3 {
-		t.Fatalf("%d primaries' eviction policies checked, want 3:\n%s", n, show(r))
+	if n := len(find(r, "redis.maxmemory-policy", "")); n != 6 {
+		t.Fatalf("%d nodes' eviction policies checked, want 6 (primaries and replicas):\n%s", n, show(r))
 	}
+	primaries := 0
 	for _, f := range find(r, "redis.replication", "") {
-		if f.Status != doctor.Pass || !strings.Contains(f.Detail, "1 replica") {
+		if f.Status != doctor.Pass {
 			t.Errorf("replication of %s: %s %s", f.Subject, f.Status, f.Detail)
 		}
+		if strings.Contains(f.Detail, "1 replica(s)") {
+			primaries++
+		}
+	}
+	if primaries != 3 {
+		t.Errorf("%d primaries with their replica in sync, want 3:\n%s", primaries, show(r))
 	}
 }

@@ -33,16 +33,31 @@ func redisFindings(ctx context.Context, cfg Config) []Finding {
 	var out []Finding
 	if cc, ok := cfg.Redis.(*redis.ClusterClient); ok {
 		out = append(out, clusterFindings(ctx, cc, subject)...)
-		// Every primary must be configured the same way: check each (the
-		// callback runs concurrently).
+		// Every node must be configured the same way, replicas included
+		// (one becomes a primary on a failover). The nodes come from
+		// CLUSTER NODES: the client's own slot map can lack replicas that
+		// gossip has not announced to the node it asked.
+		addrs, err := clusterNodeAddrs(ctx, cc)
+		if err != nil {
+			return append(out, Finding{Check: "redis.cluster", Subject: subject, Status: Fail, Detail: "CLUSTER NODES: " + err.Error()})
+		}
 		var mu sync.Mutex
-		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			fs := nodeFindings(ctx, cfg, c, "redis "+c.Options().Addr)
-			mu.Lock()
-			out = append(out, fs...)
-			mu.Unlock()
-			return nil
-		})
+		var wg sync.WaitGroup
+		co := cc.Options()
+		for _, addr := range addrs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := redis.NewClient(&redis.Options{Addr: addr, Username: co.Username, Password: co.Password,
+					TLSConfig: co.TLSConfig, DialTimeout: co.DialTimeout, MaxRetries: -1})
+				defer c.Close()
+				fs := nodeFindings(ctx, cfg, c, "redis "+addr)
+				mu.Lock()
+				out = append(out, fs...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
 		sort.SliceStable(out, func(i, j int) bool { return out[i].Subject < out[j].Subject })
 		return out
 	}
@@ -211,6 +226,28 @@ func isDigits(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// clusterNodeAddrs lists the address of every node of the cluster that is
+// not marked failed, from CLUSTER NODES.
+func clusterNodeAddrs(ctx context.Context, cc *redis.ClusterClient) ([]string, error) {
+	s, err := cc.ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || strings.Contains(f[2], "fail") || strings.Contains(f[2], "noaddr") || strings.Contains(f[2], "handshake") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		if addr != "" && !strings.HasPrefix(addr, ":") {
+			out = append(out, addr)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // clusterFindings reads CLUSTER INFO: the cluster must be ok and cover

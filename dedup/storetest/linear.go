@@ -48,6 +48,10 @@ type LinParams struct {
 	// placed anywhere after its invocation, and each one doubles what the
 	// checker may have to search in its key's history.
 	ErrorPause time.Duration
+	// Until, when set, makes the clients go on through fresh rounds until
+	// it is closed (Rounds is then ignored): a fault test closes it once
+	// its faults have run, however fast the machine is.
+	Until <-chan struct{}
 }
 
 func (p LinParams) withDefaults() LinParams {
@@ -189,10 +193,14 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 	t.Helper()
 	p = p.withDefaults()
 	var (
-		mu   sync.Mutex
-		hist []porcupine.Operation
-		wg   sync.WaitGroup
+		mu     sync.Mutex
+		hist   []porcupine.Operation
+		wg     sync.WaitGroup
+		rounds = p.Rounds // with Until: the most any client started
 	)
+	if p.Until != nil {
+		rounds = 0
+	}
 	base := time.Now()
 	now := func() int64 { return int64(time.Since(base)) } // monotonic
 	prefix := fmt.Sprintf("lin:%s:%d", name, base.UnixNano())
@@ -202,7 +210,17 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(base.UnixNano()), uint64(c)))
 			owner := fmt.Sprintf("c%d", c)
-			for r := 0; r < p.Rounds; r++ {
+			for r := 0; p.Until != nil || r < p.Rounds; r++ {
+				if p.Until != nil {
+					select {
+					case <-p.Until:
+						return
+					default:
+					}
+					mu.Lock()
+					rounds = max(rounds, r+1)
+					mu.Unlock()
+				}
 				for i := 0; i < p.Ops; i++ {
 					in := linInput{key: dedup.Key(prefix, "g", fmt.Sprintf("r%d-k%d", r, rng.IntN(p.Keys))), owner: owner}
 					// Claims most often: the other calls need a record.
@@ -236,7 +254,7 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 		}()
 	}
 	wg.Wait()
-	res := LinResult{Ops: len(hist), Keys: p.Rounds * p.Keys}
+	res := LinResult{Ops: len(hist), Keys: rounds * p.Keys}
 	for _, op := range hist {
 		if op.Output.(linOutput).unknown {
 			res.Errors++

@@ -276,6 +276,11 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 		if l.Lost != 0 {
 			t.Errorf("%s: %d transfers lost", l.Mode, l.Lost)
 		}
+		// Dead-lettered and never applied is not lost (it can be
+		// replayed), but no fault here may walk a valid transfer there.
+		if l.DeadNotApplied != 0 {
+			t.Errorf("%s: %d valid transfers dead-lettered and never applied (reasons %v)", l.Mode, l.DeadNotApplied, l.Reasons)
+		}
 		if l.StuckOnSigterm != 0 {
 			t.Errorf("%s: %d consumers did not exit on SIGTERM", l.Mode, l.StuckOnSigterm)
 		}
@@ -379,6 +384,11 @@ func TestBankDemoFreezes(t *testing.T) {
 	for _, l := range ls {
 		if l.Lost != 0 {
 			t.Errorf("%s: %d transfers lost", l.Mode, l.Lost)
+		}
+		// Dead-lettered and never applied is not lost (it can be
+		// replayed), but no fault here may walk a valid transfer there.
+		if l.DeadNotApplied != 0 {
+			t.Errorf("%s: %d valid transfers dead-lettered and never applied (reasons %v)", l.Mode, l.DeadNotApplied, l.Reasons)
 		}
 		if l.ValidDeadLettered != 0 {
 			t.Errorf("%s: %d valid transfers dead-lettered (reasons %v)", l.Mode, l.ValidDeadLettered, l.Reasons)

@@ -128,8 +128,8 @@ func (q Queue) definition() (map[string]any, error) {
 func (q Queue) Definition() (map[string]any, error) { return q.definition() }
 
 // ConsumerTimeout is the consumer timeout the broker applies to q, where
-// it shows one: the queue's x-consumer-timeout argument, else the
-// consumer-timeout key of the policies that apply (RabbitMQ 3.12+
+// it shows one: the smaller of the queue's x-consumer-timeout argument and
+// the consumer-timeout key of the policies that apply (RabbitMQ 3.12+
 // enforces both; the broker-wide consumer_timeout is not visible over
 // the API). ok is false when neither is set.
 func ConsumerTimeout(q Queue) (d time.Duration, source string, ok bool, err error) {
@@ -138,7 +138,7 @@ func ConsumerTimeout(q Queue) (d time.Duration, source string, ok bool, err erro
 		if err != nil {
 			return 0, "", false, fmt.Errorf("x-consumer-timeout: %w", err)
 		}
-		return time.Duration(n) * time.Millisecond, "argument x-consumer-timeout", true, nil
+		d, source, ok = time.Duration(n)*time.Millisecond, "argument x-consumer-timeout", true
 	}
 	def, err := q.definition()
 	if err != nil {
@@ -149,9 +149,11 @@ func ConsumerTimeout(q Queue) (d time.Duration, source string, ok bool, err erro
 		if err != nil {
 			return 0, "", false, fmt.Errorf("policy consumer-timeout: %w", err)
 		}
-		return time.Duration(n) * time.Millisecond, "policy " + q.Policy, true, nil
+		if p := time.Duration(n) * time.Millisecond; !ok || p < d {
+			d, source, ok = p, "policy "+q.Policy, true
+		}
 	}
-	return 0, "", false, nil
+	return d, source, ok, nil
 }
 
 // intValue reads a limit: a JSON integer (or an integral float), in int

@@ -179,7 +179,9 @@ func TestConsumerTimeout(t *testing.T) {
 		ok, err    bool
 	}{
 		{"none", `{"name":"q","arguments":{},"effective_policy_definition":[]}`, 0, "", false, false},
-		{"argument", `{"name":"q","arguments":{"x-consumer-timeout":8000},"effective_policy_definition":{"consumer-timeout":1000}}`, 8 * time.Second, "argument x-consumer-timeout", true, false},
+		{"argument", `{"name":"q","arguments":{"x-consumer-timeout":8000},"effective_policy_definition":[]}`, 8 * time.Second, "argument x-consumer-timeout", true, false},
+		{"the smaller: the policy", `{"name":"q","policy":"p","arguments":{"x-consumer-timeout":8000},"effective_policy_definition":{"consumer-timeout":1000}}`, time.Second, "policy p", true, false},
+		{"the smaller: the argument", `{"name":"q","policy":"p","arguments":{"x-consumer-timeout":8000},"effective_policy_definition":{"consumer-timeout":60000}}`, 8 * time.Second, "argument x-consumer-timeout", true, false},
 		{"policy", `{"name":"q","policy":"p","arguments":{},"effective_policy_definition":{"consumer-timeout":60000}}`, time.Minute, "policy p", true, false},
 		{"not an integer", `{"name":"q","arguments":{"x-consumer-timeout":"soon"}}`, 0, "", false, true},
 	} {

@@ -99,7 +99,7 @@ func (rc *RedisCluster) WaitReplicasInSync(within time.Duration) {
 				}
 			}
 		}
-		return replicas > 0
+		return replicas == len(rc.Nodes)/2 // every replica up, none missing
 	})
 }
 
