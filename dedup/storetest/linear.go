@@ -278,18 +278,7 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 func linCall(st dedup.Store, in linInput) linOutput {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var err error
-	var c dedup.Claim
-	switch in.op {
-	case opClaim:
-		c, err = st.Claim(ctx, in.key, in.owner, long)
-	case opComplete:
-		err = st.Complete(ctx, in.key, in.owner, time.Hour)
-	case opRelease:
-		err = st.Release(ctx, in.key, in.owner)
-	case opExtend:
-		err = st.Extend(ctx, in.key, in.owner, long)
-	}
+	c, _, _, err := callStore(ctx, st, in.op, in.key, in.owner, long, time.Hour)
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
 		return linOutput{result: "lost"}

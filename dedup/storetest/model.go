@@ -373,25 +373,28 @@ func (r *modelRun) randomStep() step {
 func (r *modelRun) single(ctx context.Context, st step) {
 	r.t.Helper()
 	k := r.keys[st.key]
-	var c dedup.Claim
-	var rec dedup.Record
-	var found bool
-	var err error
 	t0 := r.clock.Now()
-	switch st.op {
-	case opClaim:
-		c, err = r.st.Claim(ctx, k, st.owner, st.d)
-	case opComplete:
-		err = r.st.Complete(ctx, k, st.owner, st.d)
-	case opRelease:
-		err = r.st.Release(ctx, k, st.owner)
-	case opExtend:
-		err = r.st.Extend(ctx, k, st.owner, st.d)
-	case opGet:
-		rec, found, err = r.st.(dedup.Inspector).Get(ctx, k)
-	}
+	c, rec, found, err := callStore(ctx, r.st, st.op, k, st.owner, st.d, st.d)
 	w := window{t0: t0, t1: r.clock.Now(), slack: r.p.slack}
 	r.check(st, w, toAnswer(r, st.op, c, rec, found, err))
+}
+
+// callStore makes one call of op on st: lease for Claim and Extend,
+// window for Complete (the model case and the linearizability case).
+func callStore(ctx context.Context, st dedup.Store, op stepKind, k, owner string, lease, window time.Duration) (c dedup.Claim, rec dedup.Record, found bool, err error) {
+	switch op {
+	case opClaim:
+		c, err = st.Claim(ctx, k, owner, lease)
+	case opComplete:
+		err = st.Complete(ctx, k, owner, window)
+	case opRelease:
+		err = st.Release(ctx, k, owner)
+	case opExtend:
+		err = st.Extend(ctx, k, owner, lease)
+	case opGet:
+		rec, found, err = st.(dedup.Inspector).Get(ctx, k)
+	}
+	return c, rec, found, err
 }
 
 // batch sends 1–3 claims (or completes) in one batch call; the store
