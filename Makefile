@@ -43,13 +43,17 @@ tls-down: ## stop the TLS servers (never the shared ones)
 	@scripts/tls.sh down
 
 CLUSTER_ENV := eval "$$(scripts/cluster.sh env)"
-cluster-chaos: services cluster ## the bank demo against the cluster: leader kills, a rolling restart, a node outage past the reconnect backoff, a Redis primary failover
+cluster-chaos: services cluster ## the bank demo against the cluster: leader kills, a rolling restart, a node outage past the reconnect backoff, a Redis primary failover; then the dedup mode on a Redis Cluster through two primary kills
 	$(GO) build -o bin/bank ./examples/bank
 	@mkdir -p .data
 	$(ENV) && $(CLUSTER_ENV) && bin/bank demo --amqp-urls "$$IDEMQ_AMQP_URLS" --redis-sentinels "$$IDEMQ_REDIS_SENTINELS" \
 		--redis-master "$$IDEMQ_REDIS_MASTER" --messages 3000 --kills 2 --cuts 0 --proxy-cuts 0 --redis-restarts 0 \
 		--crash-rate 0.002 --fail-rate 0.1 --timeout 15m --cluster-faults leader-kill,rolling,outage,leader-kill,redis-failover \
 		--json .data/cluster-chaos.json $(DEMO_ARGS)
+	$(ENV) && $(CLUSTER_ENV) && bin/bank demo --amqp-urls "$$IDEMQ_AMQP_URLS" --redis-cluster "$$IDEMQ_REDIS_CLUSTER" \
+		--modes dedup --messages 3000 --kills 2 --cuts 0 --proxy-cuts 0 --redis-restarts 0 \
+		--crash-rate 0.002 --fail-rate 0.1 --timeout 15m --cluster-faults redis-cluster-kill,leader-kill,redis-cluster-kill \
+		--json .data/cluster-chaos-redis-cluster.json $(DEMO_ARGS)
 
 vet:
 	$(GO) vet ./...

@@ -98,6 +98,29 @@ func (r Report) Log(log *slog.Logger) {
 	}
 }
 
+// AtStart returns a function that runs the doctor on cfg and logs each
+// finding that is not PASS once (Report.Log). It never fails: the findings
+// are for the operator, and a cancelled context stops it quietly. Long
+// running processes call it at start in the background: idemq's relay and
+// gate do, and a consumer does when it is given as
+// idemq.ConsumerConfig.AtStart.
+func AtStart(log *slog.Logger, cfg Config) func(context.Context) {
+	return func(ctx context.Context) {
+		rep, err := Run(ctx, cfg)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if log == nil {
+				log = slog.Default()
+			}
+			log.Warn("idemq doctor: not run", "err", err)
+			return
+		}
+		rep.Log(log)
+	}
+}
+
 // Config describes the deployment to check. Each part is checked when it
 // is given; the zero value checks nothing.
 type Config struct {

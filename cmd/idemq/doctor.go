@@ -174,15 +174,12 @@ func printDoctor(cio *cmdIO, rep doctor.Report) {
 }
 
 // doctorAtStart runs the doctor on what a long-running command (relay,
-// gate) uses, in the background, and logs each finding that is not PASS
-// once. It never stops the command: the findings are for the operator.
+// gate) uses, in the background (doctor.AtStart), and calls done when it
+// has finished. It never stops the command.
 func doctorAtStart(ctx context.Context, log *slog.Logger, cfg doctor.Config, done func()) {
+	run := doctor.AtStart(log, cfg)
 	go func() {
 		defer done()
-		rep, err := doctor.Run(ctx, cfg)
-		if err != nil || ctx.Err() != nil {
-			return
-		}
-		rep.Log(log)
+		run(ctx)
 	}()
 }

@@ -48,7 +48,10 @@ type consumeOpts struct {
 	// cluster: the nodes' URLs (comma-separated) and the Redis Sentinels
 	// (comma-separated host:port) with the primary's name.
 	amqpURLs, sentinels, master string
-	mode, queue, queueType      string
+	// redisCluster: a Redis Cluster's seed nodes (comma-separated
+	// host:port); replaces --redis and --redis-sentinels.
+	redisCluster           string
+	mode, queue, queueType string
 	workers, prefetch           int
 	lease                       time.Duration
 	stats                       string
@@ -79,6 +82,7 @@ func consumeMain(args []string) error {
 	fs.StringVar(&o.amqpURLs, "amqp-urls", "", "comma-separated AMQP URLs of a cluster's nodes (replaces --amqp)")
 	fs.StringVar(&o.sentinels, "redis-sentinels", "", "comma-separated Redis Sentinel addresses (replaces --redis)")
 	fs.StringVar(&o.master, "redis-master", "idemq", "the primary's name the Sentinels monitor")
+	fs.StringVar(&o.redisCluster, "redis-cluster", "", "comma-separated Redis Cluster seed nodes (replaces --redis and --redis-sentinels)")
 	fs.StringVar(&o.mode, "mode", "inbox", "none | dedup | inbox")
 	fs.StringVar(&o.queue, "queue", "bank.transfers", "queue name")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "quorum | classic")
@@ -561,9 +565,14 @@ func writeStats(path string, c *idemq.Counters) (stop func()) {
 	return func() { close(done); <-finished }
 }
 
-// redisClient is the dedup store's client: through the Sentinels when
-// --redis-sentinels is set, else --redis.
-func redisClient(o consumeOpts) (*redis.Client, error) {
+// redisClient is the dedup store's client: a Redis Cluster's when
+// --redis-cluster is set, through the Sentinels when --redis-sentinels is
+// set, else --redis.
+func redisClient(o consumeOpts) (redis.UniversalClient, error) {
+	if nodes := splitList(o.redisCluster); len(nodes) > 0 {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: nodes,
+			DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}), nil
+	}
 	if sents := splitList(o.sentinels); len(sents) > 0 {
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: o.master, SentinelAddrs: sents,
 			DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second}), nil

@@ -23,6 +23,9 @@ type demoOpts struct {
 	// Sentinels, comma-separated, the primary's name, and the faults
 	// scripts/cluster.sh injects mid-run, in order.
 	amqpURLs, sentinels, master string
+	// redisCluster: a Redis Cluster's seed nodes; the dedup modes' store
+	// goes through it (replaces --redis-sentinels).
+	redisCluster string
 	clusterFaults               []string
 	clusterScript               string
 	messages, kills, cuts       int
@@ -164,11 +167,22 @@ func parseDemoFlags(args []string) (demoOpts, error) {
 	}
 	for _, f := range splitList(clusterFaults) {
 		switch f {
-		case "leader-kill", "rolling", "outage", "redis-failover":
+		case "leader-kill", "rolling", "outage", "redis-failover", "redis-cluster-kill":
 			o.clusterFaults = append(o.clusterFaults, f)
 		default:
 			return o, fmt.Errorf("--cluster-faults: unknown fault %q", f)
 		}
+	}
+	for _, f := range o.clusterFaults {
+		if f == "redis-failover" && o.sentinels == "" {
+			return o, fmt.Errorf("--cluster-faults redis-failover: needs --redis-sentinels")
+		}
+		if f == "redis-cluster-kill" && o.redisCluster == "" {
+			return o, fmt.Errorf("--cluster-faults redis-cluster-kill: needs --redis-cluster")
+		}
+	}
+	if o.sentinels != "" && o.redisCluster != "" {
+		return o, fmt.Errorf("--redis-sentinels and --redis-cluster: pick one")
 	}
 	if o.failRate < 0 || o.failRate > 1 {
 		return o, fmt.Errorf("--fail-rate %g: want a fraction in [0, 1]", o.failRate)
@@ -258,9 +272,11 @@ func demoFlagSet(o *demoOpts, modes, clusterFaults *string) *flag.FlagSet {
 	fs.StringVar(&o.amqpURLs, "amqp-urls", "", "comma-separated AMQP URLs of a cluster's nodes: the publisher and the consumers fail over between them (the demo's own bookkeeping uses the first)")
 	fs.StringVar(&o.sentinels, "redis-sentinels", "", "comma-separated Redis Sentinel addresses: the dedup modes' store goes through them")
 	fs.StringVar(&o.master, "redis-master", "idemq", "the primary's name the Sentinels monitor")
+	fs.StringVar(&o.redisCluster, "redis-cluster", "", "comma-separated Redis Cluster seed nodes: the dedup modes' store goes through them")
 	fs.StringVar(clusterFaults, "cluster-faults", "", "comma-separated faults of the cluster, injected in order as the consumers progress, per mode: "+
 		"leader-kill (kill -9 the node leading the queue, restart it), rolling (restart the nodes one at a time), "+
-		"outage (stop a node for 20s, longer than the consumers' reconnect backoff), redis-failover (kill -9 the Redis primary; dedup modes only)")
+		"outage (stop a node for 20s, longer than the consumers' reconnect backoff), redis-failover (kill -9 the Redis primary behind the Sentinels; dedup modes only), "+
+		"redis-cluster-kill (kill -9 a Redis Cluster primary, wait for its replica to take over, restart it; dedup modes only)")
 	fs.StringVar(&o.clusterScript, "cluster-script", "scripts/cluster.sh", "the script that runs the cluster's faults")
 	return fs
 }

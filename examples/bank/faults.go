@@ -144,7 +144,7 @@ func (r *modeRun) waitRetryWaiting(ctx context.Context) int {
 func (r *modeRun) planClusterFaults() {
 	var faults []string
 	for _, f := range r.o.clusterFaults {
-		if f != "redis-failover" || isDedup(r.mode) {
+		if !isRedisFault(f) || isDedup(r.mode) {
 			faults = append(faults, f)
 		}
 	}
@@ -156,7 +156,7 @@ func (r *modeRun) planClusterFaults() {
 		r.at((k+1)*step, func(ctx context.Context) error {
 			// With --fail-rate, as before a broker restart: the fault
 			// meets deliveries waiting in the retry queues.
-			if r.o.failRate > 0 && f != "redis-failover" {
+			if r.o.failRate > 0 && !isRedisFault(f) {
 				r.l.retryWaiting += r.waitRetryWaiting(ctx)
 			}
 			return clusterFault(ctx, r.o.clusterScript, f, r.q.Name, started)
@@ -172,6 +172,9 @@ func (r *modeRun) planRedis(ctx context.Context) error {
 	switch {
 	case isDedup(r.mode) && o.sentinels != "":
 		l.redis = "sentinel"
+		return nil
+	case isDedup(r.mode) && o.redisCluster != "":
+		l.redis = "cluster"
 		return nil
 	case r.mode == modeDedup && o.redisRestarts == 0 && o.redisOutages == 0:
 		l.redis = "shared"
@@ -335,6 +338,9 @@ func runAtProgress(ctx context.Context, pool *pgxpool.Pool, events []faultEvent)
 	return nil
 }
 
+// isRedisFault tells the cluster faults that hit the dedup modes' Redis.
+func isRedisFault(f string) bool { return f == "redis-failover" || f == "redis-cluster-kill" }
+
 // clusterFault runs one fault of --cluster-faults with the cluster's
 // script; started is closed once the fault has begun (the node is down,
 // the primary killed). It returns once the cluster is whole again.
@@ -356,6 +362,8 @@ func clusterFault(ctx context.Context, script, fault, queue string, started chan
 		args = []string{"outage", "2", "20"}
 	case "redis-failover":
 		args = []string{"redis-failover"}
+	case "redis-cluster-kill":
+		args = []string{"redis-cluster-kill"}
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()

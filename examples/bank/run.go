@@ -319,7 +319,7 @@ func (r *modeRun) drain(ctx context.Context) {
 	r.sup.stopAll()
 	o := r.o
 	final := newSupervisor("final", demoOpts{amqpURL: o.amqpURL, redisURL: r.co.redisURL, queueType: o.queueType,
-		amqpURLs: o.amqpURLs, sentinels: o.sentinels, master: o.master, failRate: o.failRate}, r.mode, r.q.Name, r.dbURL, r.dir)
+		amqpURLs: o.amqpURLs, sentinels: o.sentinels, master: o.master, redisCluster: o.redisCluster, failRate: o.failRate}, r.mode, r.q.Name, r.dbURL, r.dir)
 	final.start(1)
 	quiet := time.Now().Add(o.timeout / 4)
 	for time.Now().Before(quiet) && ctx.Err() == nil {

@@ -115,6 +115,9 @@ func (s *supervisor) command(self, stats string) *exec.Cmd {
 	if s.o.sentinels != "" {
 		cmd.Args = append(cmd.Args, "--redis-sentinels", s.o.sentinels, "--redis-master", s.o.master)
 	}
+	if s.o.redisCluster != "" {
+		cmd.Args = append(cmd.Args, "--redis-cluster", s.o.redisCluster)
+	}
 	cmd.Env = os.Environ()
 	if s.o.crashRate > 0 {
 		cmd.Env = append(cmd.Env, "IDEMQ_BANK_CRASH=before-claim,in-handler,after-commit,before-ack",
