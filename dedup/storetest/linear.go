@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,8 +9,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,10 +32,21 @@ import (
 // finds what only concurrent callers see: a check and a write that are not
 // atomic, an answer given for a state another caller already changed.
 //
-// The model's expiry rule: none. Leases (a minute) and windows (an hour)
-// outlast the run, so no record expires while it is checked; expiry is
-// the model case's subject. A call that fails (a store error) may or may
-// not have taken effect: the model allows both, from its invocation on.
+// The model's expiry rule. A lease granted by a call (a Claim acquired,
+// an Extend) ends at the store's clock at the instant it applied the call
+// plus the lease; that instant lies somewhere between the call's
+// invocation and its return, so the end is known to lie in [invocation +
+// lease, return + lease] (the test's and the store's clocks are the same
+// machine's, give or take LinParams.Slack). A later call sees the record
+// live, expired (absent), or either when its own interval overlaps that
+// one; the model admits each side that explains the answer (a
+// nondeterministic step), and porcupine keeps only the states that
+// explain what follows. Windows (an hour) outlast the run: done records
+// do not expire. With the default lease (a minute) nothing expires; with
+// LinParams.Lease short and LinParams.Stall, clients that stall past
+// their lease have it taken over, as a process stopped with SIGSTOP
+// does. A call that fails (a store error) may or may not have taken
+// effect: the model allows both, from its invocation on.
 
 // LinParams sizes a linearizability run. The zero value is usable.
 type LinParams struct {
@@ -52,6 +66,20 @@ type LinParams struct {
 	// it is closed (Rounds is then ignored): a fault test closes it once
 	// its faults have run, however fast the machine is.
 	Until <-chan struct{}
+	// Lease is the lease of each Claim and Extend. Default a minute: no
+	// lease ends during a run.
+	Lease time.Duration
+	// Stall, with StallPercent, makes a client stop for Stall after that
+	// percentage of its acquired claims, as a process stopped with
+	// SIGSTOP: longer than Lease, its lease ends and others take it over.
+	// With Stall (and no Until) the clients start each round together, so
+	// the others are on the stalled client's keys meanwhile (give Pace so
+	// that a round outlasts a lease).
+	Stall        time.Duration
+	StallPercent int
+	// Slack is the clock tolerance between the test and the store.
+	// Default 25ms.
+	Slack time.Duration
 }
 
 func (p LinParams) withDefaults() LinParams {
@@ -70,6 +98,12 @@ func (p LinParams) withDefaults() LinParams {
 	if p.ErrorPause <= 0 {
 		p.ErrorPause = 100 * time.Millisecond
 	}
+	if p.Lease <= 0 {
+		p.Lease = long
+	}
+	if p.Slack <= 0 {
+		p.Slack = 25 * time.Millisecond
+	}
 	return p
 }
 
@@ -77,6 +111,10 @@ type linInput struct {
 	key   string
 	op    stepKind
 	owner string
+	// call and ret bound when the store applied the call (Unix ns; ret is
+	// math.MaxInt64 when the call failed); lease and slack as LinParams.
+	call, ret    int64
+	lease, slack int64
 }
 
 type linOutput struct {
@@ -88,6 +126,48 @@ type linOutput struct {
 type linState struct {
 	kind  recKind
 	owner string
+	// lo, hi: a processing record's lease ends in [lo, hi] (Unix ns).
+	lo, hi int64
+}
+
+// views returns what a call applied in [in.call, in.ret] may see of s: s
+// while its lease may still run, absent once it may have ended.
+func (in linInput) views(s linState) []linState {
+	if s.kind != kProcessing {
+		return []linState{s}
+	}
+	var out []linState
+	if satAdd(in.ret, in.slack) >= s.lo { // may have ended
+		out = append(out, linState{kind: kAbsent})
+	}
+	if in.call-in.slack < s.hi { // may still run
+		out = append(out, s)
+	}
+	return out
+}
+
+// satAdd adds without overflowing past math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// linApply steps the viewed state v by in as the store contract says,
+// with the lease interval of a lease the call granted.
+func linApply(v linState, in linInput) (string, linState) {
+	want, next := linStep(v, in)
+	granted := (in.op == opClaim && want == "acquired") || (in.op == opExtend && want == "ok")
+	switch {
+	case granted:
+		next.lo, next.hi = in.call+in.lease, satAdd(in.ret, in.lease)
+	case next.kind == kProcessing:
+		next.lo, next.hi = v.lo, v.hi
+	default:
+		next.lo, next.hi = 0, 0
+	}
+	return want, next
 }
 
 // linStep applies in to s as the store contract says: the answer and the
@@ -151,14 +231,17 @@ var LeaseModel = porcupine.NondeterministicModel{
 	Init: func() []interface{} { return []interface{}{linState{kind: kAbsent}} },
 	Step: func(state, input, output interface{}) []interface{} {
 		s, in, out := state.(linState), input.(linInput), output.(linOutput)
-		want, next := linStep(s, in)
-		switch {
-		case out.unknown:
-			return []interface{}{s, next}
-		case out.result == want:
-			return []interface{}{next}
+		var nexts []interface{}
+		if out.unknown {
+			nexts = append(nexts, s) // no effect
 		}
-		return nil
+		for _, v := range in.views(s) {
+			want, next := linApply(v, in)
+			if out.unknown || out.result == want {
+				nexts = append(nexts, next)
+			}
+		}
+		return nexts
 	},
 	Equal: func(a, b interface{}) bool { return a.(linState) == b.(linState) },
 	DescribeOperation: func(input, output interface{}) string {
@@ -171,7 +254,7 @@ var LeaseModel = porcupine.NondeterministicModel{
 	},
 	DescribeState: func(state interface{}) string {
 		s := state.(linState)
-		return modelState{kind: s.kind, owner: s.owner}.String()
+		return modelState{kind: s.kind, owner: s.owner, lo: time.Unix(0, s.lo), hi: time.Unix(0, s.hi)}.String()
 	},
 }
 
@@ -180,6 +263,8 @@ type LinResult struct {
 	Ops          int    // calls recorded
 	Keys         int    // keys they went to
 	Errors       int    // calls that failed (unknown outcome)
+	Stalls       int    // client stalls (LinParams.Stall)
+	TakenOver    int    // claims acquired on a key another client held (its lease ended), by the history's order
 	Linearizable bool   // porcupine's verdict is Ok
 	Verdict      string // "Ok", "Illegal" (not linearizable) or "Unknown" (the check timed out)
 	Visualized   string // the HTML visualisation of a failed check ("" when it passed)
@@ -197,13 +282,19 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 		hist   []porcupine.Operation
 		wg     sync.WaitGroup
 		rounds = p.Rounds // with Until: the most any client started
+		stalls atomic.Int64
 	)
 	if p.Until != nil {
 		rounds = 0
 	}
 	base := time.Now()
-	now := func() int64 { return int64(time.Since(base)) } // monotonic
+	wall := base.UnixNano()
+	now := func() int64 { return wall + int64(time.Since(base)) } // the wall clock, advanced monotonically
 	prefix := fmt.Sprintf("lin:%s:%d", name, base.UnixNano())
+	var bar *barrier
+	if p.Stall > 0 && p.Until == nil {
+		bar = newBarrier(p.Clients)
+	}
 	for c := 0; c < p.Clients; c++ {
 		wg.Add(1)
 		go func() {
@@ -221,8 +312,12 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 					rounds = max(rounds, r+1)
 					mu.Unlock()
 				}
+				if bar != nil {
+					bar.wait()
+				}
 				for i := 0; i < p.Ops; i++ {
-					in := linInput{key: dedup.Key(prefix, "g", fmt.Sprintf("r%d-k%d", r, rng.IntN(p.Keys))), owner: owner}
+					in := linInput{key: dedup.Key(prefix, "g", fmt.Sprintf("r%d-k%d", r, rng.IntN(p.Keys))), owner: owner,
+						lease: int64(p.Lease), slack: int64(p.Slack)}
 					// Claims most often: the other calls need a record.
 					switch n := rng.IntN(10); {
 					case n < 4:
@@ -235,17 +330,21 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 						in.op = opExtend
 					}
 					call := now()
-					out := linCall(st, in)
+					out := linCall(st, in, p.Lease)
 					ret := now()
 					if out.unknown {
 						ret = math.MaxInt64 // it may take effect at any time after its call
 					}
+					in.call, in.ret = call, ret
 					mu.Lock()
 					hist = append(hist, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret})
 					mu.Unlock()
 					switch {
 					case out.unknown:
 						time.Sleep(p.ErrorPause)
+					case p.Stall > 0 && out.result == "acquired" && rng.IntN(100) < p.StallPercent:
+						time.Sleep(p.Stall)
+						stalls.Add(1)
 					case p.Pace > 0:
 						time.Sleep(p.Pace)
 					}
@@ -254,12 +353,13 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 		}()
 	}
 	wg.Wait()
-	res := LinResult{Ops: len(hist), Keys: rounds * p.Keys}
+	res := LinResult{Ops: len(hist), Keys: rounds * p.Keys, Stalls: int(stalls.Load())}
 	for _, op := range hist {
 		if op.Output.(linOutput).unknown {
 			res.Errors++
 		}
 	}
+	res.TakenOver = takenOver(hist)
 	model := LeaseModel.ToModel()
 	verdict, info := porcupine.CheckOperationsVerbose(model, hist, time.Minute)
 	res.Linearizable = verdict == porcupine.Ok
@@ -274,11 +374,70 @@ func CheckLinearizable(t testing.TB, st dedup.Store, name string, p LinParams) L
 	return res
 }
 
+// barrier lets n goroutines wait for each other, round after round.
+type barrier struct {
+	mu         sync.Mutex
+	cond       *sync.Cond
+	n, waiting int
+	gen        int
+}
+
+func newBarrier(n int) *barrier {
+	b := &barrier{n: n}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+func (b *barrier) wait() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	gen := b.gen
+	if b.waiting++; b.waiting == b.n {
+		b.waiting, b.gen = 0, b.gen+1
+		b.cond.Broadcast()
+		return
+	}
+	for gen == b.gen {
+		b.cond.Wait()
+	}
+}
+
+// takenOver counts the claims acquired on a key another client held by a
+// claim it had acquired and not given up (Complete, Release) or lost, in
+// the order of invocation: what only an ended lease allows.
+func takenOver(hist []porcupine.Operation) int {
+	ops := slices.Clone(hist)
+	slices.SortStableFunc(ops, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	holder := map[string]string{}
+	n := 0
+	for _, op := range ops {
+		in, out := op.Input.(linInput), op.Output.(linOutput)
+		if out.unknown {
+			delete(holder, in.key) // who holds it is not known
+			continue
+		}
+		switch {
+		case in.op == opClaim && out.result == "acquired":
+			if h, ok := holder[in.key]; ok && h != in.owner {
+				n++
+			}
+			holder[in.key] = in.owner
+		case in.op == opComplete, in.op == opRelease && out.result == "ok":
+			if holder[in.key] == in.owner {
+				delete(holder, in.key)
+			}
+		case out.result == "lost" && holder[in.key] == in.owner:
+			delete(holder, in.key)
+		}
+	}
+	return n
+}
+
 // linCall makes one call and turns its answer into the model's terms.
-func linCall(st dedup.Store, in linInput) linOutput {
+func linCall(st dedup.Store, in linInput, lease time.Duration) linOutput {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _, _, err := callStore(ctx, st, in.op, in.key, in.owner, long, time.Hour)
+	c, _, _, err := callStore(ctx, st, in.op, in.key, in.owner, lease, time.Hour)
 	switch {
 	case errors.Is(err, dedup.ErrLeaseLost):
 		return linOutput{result: "lost"}
@@ -321,6 +480,26 @@ func visualPath(t testing.TB, name string) string {
 		dir = parent
 	}
 	return filepath.Join(t.TempDir(), file)
+}
+
+// leasesEnd is the suite's case with leases that end: clients stall past
+// their lease (s.Lease) after a quarter of their acquired claims, and the
+// others take the key over.
+func leasesEnd(t *testing.T, s Suite) {
+	lease := s.Lease
+	if lease <= 0 {
+		lease = 300 * time.Millisecond
+	}
+	res := CheckLinearizable(t, s.New(t), t.Name(), LinParams{Rounds: 5, Ops: 8, Keys: 2, Pace: lease / 4,
+		Lease: lease, Stall: 2 * lease, StallPercent: 25})
+	t.Logf("%d calls by 4 clients on %d keys (2 at a time), lease %v, %d stalls of %v, %d claims taken over, %d failed: linearizable %v",
+		res.Ops, res.Keys, lease, res.Stalls, 2*lease, res.TakenOver, res.Errors, res.Linearizable)
+	if !res.Linearizable {
+		t.Fatalf("the history is not linearizable: see %s", res.Visualized)
+	}
+	if res.Errors > 0 {
+		t.Fatalf("%d calls failed on a healthy store", res.Errors)
+	}
 }
 
 // linearizable is the suite's case: the store's history under concurrent

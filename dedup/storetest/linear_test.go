@@ -38,3 +38,25 @@ func TestLinearizabilityCatchesAPlantedDefect(t *testing.T) {
 	t.Logf("planted defect: %d calls, not linearizable; visualisation %s", bad.Ops, bad.Visualized)
 	_ = os.Remove(bad.Visualized)
 }
+
+// The expiry rule: a store whose leases never end (the memory store on a
+// clock that stands still) refuses the claims of other clients after a
+// stall the model knows outlived the lease; the checker catches it. The
+// same store on the real clock passes, with claims taken over.
+func TestLinearizabilityCatchesLeasesThatNeverEnd(t *testing.T) {
+	p := storetest.LinParams{Rounds: 8, Ops: 8, Keys: 2, Pace: 25 * time.Millisecond,
+		Lease: 100 * time.Millisecond, Stall: 250 * time.Millisecond, StallPercent: 50}
+	good := storetest.CheckLinearizable(t, dedup.NewMemory(dedup.MemoryConfig{}), "memory-leases", p)
+	if !good.Linearizable || good.TakenOver == 0 {
+		t.Fatalf("memory store with ending leases: %+v, want linearizable with claims taken over", good)
+	}
+	frozen := time.Now()
+	bad := storetest.CheckLinearizable(t, dedup.NewMemory(dedup.MemoryConfig{Now: func() time.Time { return frozen }}),
+		"planted-defect-leases-never-end", p)
+	if bad.Verdict != "Illegal" {
+		t.Fatalf("leases that never end: verdict %q, want Illegal: %+v", bad.Verdict, bad)
+	}
+	t.Logf("real clock: %d calls, %d stalls, %d claims taken over, linearizable; frozen clock: %d calls, %d stalls, not linearizable",
+		good.Ops, good.Stalls, good.TakenOver, bad.Ops, bad.Stalls)
+	_ = os.Remove(bad.Visualized)
+}

@@ -102,6 +102,12 @@ func Run(t *testing.T, s Suite) {
 			}
 			linearizable(t, s)
 		}},
+		{name: "ConcurrentHistoryWithEndingLeasesIsLinearizable", fn: func(t *testing.T, s Suite) {
+			if s.Features.NotModelled != "" {
+				t.Skip("not modelled: " + s.Features.NotModelled)
+			}
+			leasesEnd(t, s)
+		}},
 		{name: "RandomInterleavingsMatchTheModel", timing: true, fn: func(t *testing.T, s Suite) {
 			if s.Features.NotModelled != "" {
 				t.Skip("not modelled: " + s.Features.NotModelled)

@@ -81,6 +81,7 @@ type PrivateRedis struct {
 	Port    int
 	Dir     string
 	persist bool
+	fsync   string
 	cmd     *exec.Cmd
 }
 
@@ -88,10 +89,22 @@ type PrivateRedis struct {
 // runs with appendonly (fsync every write) so a restart keeps its data.
 func StartPrivateRedis(t testing.TB, persist bool) *PrivateRedis {
 	t.Helper()
+	return startPrivateRedis(t, persist, "always")
+}
+
+// StartPrivateRedisFsync starts a redis-server with appendonly and the
+// given appendfsync policy (always, everysec, no).
+func StartPrivateRedisFsync(t testing.TB, fsync string) *PrivateRedis {
+	t.Helper()
+	return startPrivateRedis(t, true, fsync)
+}
+
+func startPrivateRedis(t testing.TB, persist bool, fsync string) *PrivateRedis {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		Unavailable(t, "redis-server (binary)", "PATH", err)
 	}
-	r := &PrivateRedis{t: t, Port: FreePort(t), Dir: t.TempDir(), persist: persist}
+	r := &PrivateRedis{t: t, Port: FreePort(t), Dir: t.TempDir(), persist: persist, fsync: fsync}
 	r.Start()
 	t.Cleanup(r.Stop)
 	return r
@@ -110,7 +123,7 @@ func (r *PrivateRedis) Start() {
 	r.t.Helper()
 	args := []string{"--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1", "--dir", r.Dir, "--save", "", "--daemonize", "no"}
 	if r.persist {
-		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+		args = append(args, "--appendonly", "yes", "--appendfsync", r.fsync)
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
