@@ -52,9 +52,9 @@ type consumeOpts struct {
 	// host:port); replaces --redis and --redis-sentinels.
 	redisCluster           string
 	mode, queue, queueType string
-	workers, prefetch           int
-	lease                       time.Duration
-	stats                       string
+	workers, prefetch      int
+	lease                  time.Duration
+	stats                  string
 	// metricsAddr serves /metrics, /healthz and /readyz (empty: off).
 	metricsAddr string
 	crash       map[string]bool

@@ -25,19 +25,19 @@ type demoOpts struct {
 	amqpURLs, sentinels, master string
 	// redisCluster: a Redis Cluster's seed nodes; the dedup modes' store
 	// goes through it (replaces --redis-sentinels).
-	redisCluster string
-	clusterFaults               []string
-	clusterScript               string
-	messages, kills, cuts       int
-	consumers                   int
-	resendPct                   int
-	crashRate                   float64
-	modes                       []string
-	timeout                     time.Duration
-	queueType                   string
-	jsonOut                     string
-	redisRestarts, proxyCuts    int
-	brokerRestarts              int
+	redisCluster             string
+	clusterFaults            []string
+	clusterScript            string
+	messages, kills, cuts    int
+	consumers                int
+	resendPct                int
+	crashRate                float64
+	modes                    []string
+	timeout                  time.Duration
+	queueType                string
+	jsonOut                  string
+	redisRestarts, proxyCuts int
+	brokerRestarts           int
 	// Dependency outages: the mode's PostgreSQL (a private server of the
 	// demo's, pg) and the dedup modes' private Redis are stopped for a
 	// while during the backlog.
