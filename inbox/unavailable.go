@@ -38,16 +38,25 @@ func Classify(err error) error {
 	return idemq.Unavailable(DependencyDatabase, err)
 }
 
-// Probe checks that the inbox's database answers: it opens a transaction
-// and rolls it back. Register it with the consumer's breaker
-// (idemq.ConsumerConfig.Breaker.Probes) so a paused consumer resumes as soon
-// as the database is back. A failure is an [idemq.UnavailableError].
+// Probe checks that the inbox's database answers and writes: in a
+// transaction it rolls back, it runs a DELETE on the inbox table that
+// matches no row. A database that answers reads but refuses writes (a hot
+// standby or read-only replica answering after a failover, MySQL with
+// read_only, an SQLite file another writer holds) fails it, so its
+// failures are an outage, not the message's. Register it with the
+// consumer's breaker (idemq.ConsumerConfig.Breaker.Probes) so a paused
+// consumer resumes as soon as the database is back. A failure is an
+// [idemq.UnavailableError].
 func (ib *Inbox[T]) Probe(ctx context.Context) error {
+	table, err := ib.d.QuoteTable(ib.cfg.Table)
+	if err != nil {
+		return err
+	}
 	tx, err := ib.db.Begin(ctx, sqldb.TxOptions{})
 	if err != nil {
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+	if _, err := tx.Exec(ctx, "DELETE FROM "+table+" WHERE 1 = 0"); err != nil {
 		_ = sqldb.Rollback(ctx, tx)
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
