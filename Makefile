@@ -111,10 +111,10 @@ demo: services ## the bank demo: none, dedup and inbox under kill -9, resends an
 	$(GO) build -o bin/bank ./examples/bank
 	$(ENV) && bin/bank demo $(DEMO_ARGS)
 
-chaos: services ## the long fault run: more messages, kills, cuts, broker restarts while transient failures wait in retry queues, PostgreSQL/Redis outages of 30s, consumers frozen past their lease; then every store's linearizability histories $(LINCHECK_COUNT) times over (restarts, crashes, cuts, stalls past the lease)
+chaos: services ## the long fault run: more messages, kills, cuts, broker restarts while transient failures wait in retry queues, PostgreSQL outages of 30s (stopped, stalled, refusing with a server error; a consumer killed in each) and Redis outages of 30s, consumers frozen past their lease; then every store's linearizability histories $(LINCHECK_COUNT) times over (restarts, crashes, cuts, stalls past the lease)
 	$(GO) build -o bin/bank ./examples/bank
 	$(ENV) && bin/bank demo --messages 20000 --kills 20 --cuts 5 --broker-restarts 3 --fail-rate 0.1 --crash-rate 0.002 --timeout 10m \
-		--db-outages 2 --db-outage-duration 30s --redis-outages 2 --redis-outage-duration 30s \
+		--db-outages 3 --db-outage-shapes stop,stall,refuse --db-outage-duration 30s --redis-outages 2 --redis-outage-duration 30s \
 		--freezes 3 $(DEMO_ARGS)
 	$(ENV) && CI=true $(GO) test -race -count=$(LINCHECK_COUNT) -timeout 20m -run 'Linearizab' ./dedup/...
 	$(ENV) && CI=true $(GO) test -race -count=$(LINCHECK_COUNT) -timeout 30m -run '//Linearizable' ./dedup/...

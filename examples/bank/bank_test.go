@@ -281,6 +281,9 @@ func checkLedgers(t *testing.T, ls []Ledger, plan faultPlan) {
 		if l.DeadNotApplied != 0 {
 			t.Errorf("%s: %d valid transfers dead-lettered and never applied (reasons %v)", l.Mode, l.DeadNotApplied, l.Reasons)
 		}
+		if l.ExitedOnTheirOwn != 0 {
+			t.Errorf("%s: %d consumers exited on their own (see the run's output: \"consumer exited\")", l.Mode, l.ExitedOnTheirOwn)
+		}
 		if l.StuckOnSigterm != 0 {
 			t.Errorf("%s: %d consumers did not exit on SIGTERM", l.Mode, l.StuckOnSigterm)
 		}

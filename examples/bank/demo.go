@@ -43,7 +43,10 @@ type demoOpts struct {
 	// while during the backlog.
 	dbOutages, redisOutages     int
 	dbOutageDur, redisOutageDur time.Duration
-	pg                          *privatePostgres
+	// dbOutageShapes: the shape of each database outage, in turn
+	// (stop, stall, refuse; postgres.go).
+	dbOutageShapes []string
+	pg             *privatePostgres
 	// Freezes: a running consumer is stopped (SIGSTOP) mid-handler for
 	// freezeDur, then continued (SIGCONT).
 	freezes   int
@@ -144,8 +147,8 @@ func printBanner(o demoOpts) {
 		o.kills, o.crashRate, o.cuts)
 	fmt.Printf("%d proxy cut(s) of every consumer connection, %d kill -9 + restart(s) of the dedup modes' private Redis,\n",
 		o.proxyCuts, o.redisRestarts)
-	fmt.Printf("%d broker restart(s), %d PostgreSQL outage(s) of %v, %d Redis outage(s) of %v,\n",
-		o.brokerRestarts, o.dbOutages, o.dbOutageDur, o.redisOutages, o.redisOutageDur)
+	fmt.Printf("%d broker restart(s), %d PostgreSQL outage(s) of %v (%s, in turn), %d Redis outage(s) of %v,\n",
+		o.brokerRestarts, o.dbOutages, o.dbOutageDur, strings.Join(o.dbOutageShapes, ", "), o.redisOutages, o.redisOutageDur)
 	fmt.Printf("%d consumer freeze(s) (SIGSTOP mid-handler) of %v (dedup lease %v),\n", o.freezes, o.freezeDur, consumerLease)
 	fmt.Printf("%.3f of the transfers failing transiently on their first one or two attempts (retry queues %v).\n\n",
 		o.failRate, topology.ForQueue(bankQueue("bank", o.queueType)).Delays)
@@ -155,8 +158,8 @@ func printBanner(o demoOpts) {
 // (-1 as many as --cuts, the modes, the first cluster URL).
 func parseDemoFlags(args []string) (demoOpts, error) {
 	var o demoOpts
-	var modes, clusterFaults string
-	fs := demoFlagSet(&o, &modes, &clusterFaults)
+	var modes, clusterFaults, dbShapes string
+	fs := demoFlagSet(&o, &modes, &clusterFaults, &dbShapes)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -183,6 +186,17 @@ func parseDemoFlags(args []string) (demoOpts, error) {
 	}
 	if o.sentinels != "" && o.redisCluster != "" {
 		return o, fmt.Errorf("--redis-sentinels and --redis-cluster: pick one")
+	}
+	for _, sh := range splitList(dbShapes) {
+		switch sh {
+		case shapeStop, shapeStall, shapeRefuse:
+			o.dbOutageShapes = append(o.dbOutageShapes, sh)
+		default:
+			return o, fmt.Errorf("--db-outage-shapes: unknown shape %q (stop, stall, refuse)", sh)
+		}
+	}
+	if len(o.dbOutageShapes) == 0 {
+		o.dbOutageShapes = []string{shapeStop}
 	}
 	if o.failRate < 0 || o.failRate > 1 {
 		return o, fmt.Errorf("--fail-rate %g: want a fraction in [0, 1]", o.failRate)
@@ -241,9 +255,9 @@ func (o *demoOpts) parseModes(modes string) error {
 	return nil
 }
 
-// demoFlagSet declares `bank demo`'s flags into o, and the two list flags
-// parsed afterwards into modes and clusterFaults.
-func demoFlagSet(o *demoOpts, modes, clusterFaults *string) *flag.FlagSet {
+// demoFlagSet declares `bank demo`'s flags into o, and the list flags
+// parsed afterwards into modes, clusterFaults and dbShapes.
+func demoFlagSet(o *demoOpts, modes, clusterFaults, dbShapes *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.StringVar(&o.amqpURL, "amqp", envOr("IDEMQ_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "AMQP URL")
 	fs.StringVar(&o.pgURL, "postgres", envOr("IDEMQ_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL (a database per mode is created next to it)")
@@ -260,6 +274,9 @@ func demoFlagSet(o *demoOpts, modes, clusterFaults *string) *flag.FlagSet {
 	fs.IntVar(&o.brokerRestarts, "broker-restarts", 0, "restarts of the broker (rabbitmqctl stop_app, start_app) mid-run, per mode: every client of the broker sees them")
 	fs.IntVar(&o.dbOutages, "db-outages", 0, "with N > 0, the demo runs a private PostgreSQL of its own (initdb) and stops it (pg_ctl stop -m immediate) for --db-outage-duration N times mid-run, per mode")
 	fs.DurationVar(&o.dbOutageDur, "db-outage-duration", 5*time.Second, "how long each --db-outages outage lasts")
+	fs.StringVar(dbShapes, "db-outage-shapes", shapeStop, "comma-separated shapes the --db-outages take in turn: stop (pg_ctl stop -m immediate: connections cut and refused), "+
+		"stall (SIGSTOP of every server process: connections accepted and never answered), refuse (ALLOW_CONNECTIONS false and sessions ended: a server error, SQLSTATE 55000); "+
+		"a consumer is killed a second into each outage, so one starts while the database is unavailable")
 	fs.IntVar(&o.redisOutages, "redis-outages", 0, "with N > 0, the dedup modes' private Redis is SIGKILLed and kept down for --redis-outage-duration N times mid-run, per mode")
 	fs.DurationVar(&o.redisOutageDur, "redis-outage-duration", 5*time.Second, "how long each --redis-outages outage lasts")
 	fs.IntVar(&o.freezes, "freezes", 0, "consumers frozen mid-backlog, per mode: the demo sends a running consumer SIGUSR1, it stops itself (SIGSTOP) at its next in-handler point (effect written, transaction open, dedup lease held), and the demo sends SIGCONT after --freeze-duration; one that reaches no handler within 4s is SIGSTOPped where it is")

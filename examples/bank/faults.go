@@ -223,9 +223,18 @@ func (r *modeRun) planDBOutages() {
 		return
 	}
 	for k := 1; k <= o.dbOutages; k++ {
+		shape := o.dbOutageShapes[(k-1)%len(o.dbOutageShapes)]
 		r.at((3*k-1)*o.messages/(3*(o.dbOutages+1)), func(ctx context.Context) error {
-			if err := o.pg.outage(ctx, o.dbOutageDur, r.outageStarted); err != nil {
-				return err
+			// A consumer killed a second into the outage: its successor
+			// starts while the database is unavailable, and must wait.
+			started := func() {
+				r.outageStarted()
+				time.AfterFunc(time.Second, func() {
+					r.sup.killOne(rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 13)))
+				})
+			}
+			if err := o.pg.outage(ctx, shape, o.dbOutageDur, started); err != nil {
+				return fmt.Errorf("database outage (%s): %w", shape, err)
 			}
 			l.dbOutages++
 			return nil

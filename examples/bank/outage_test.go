@@ -144,13 +144,16 @@ func consumeStartsDuring(t *testing.T, shape string) {
 }
 
 // The demo's dependency-outage phase, short: per mode, the demo's private
-// PostgreSQL is stopped for a few seconds during a backlog (the publisher
-// holds half the transfers until the outage starts), and the dedup mode's
-// private Redis killed and kept down for a few seconds. No consumer is
-// killed here, so the outage meets running consumers (one restarted
-// mid-outage waits at start: TestConsumeStartsDuringOutage). No valid
-// transfer is dead-lettered, none is lost, inbox is exact. make chaos runs
-// the long version (outages of tens of seconds, with kills).
+// PostgreSQL stalls (SIGSTOP of every server process: connections
+// accepted and never answered) and then refuses connections with a server
+// error (ALLOW_CONNECTIONS false, SQLSTATE 55000), 3 s each, during a
+// backlog (the publisher holds half the transfers until the first outage
+// starts); the dedup mode's private Redis is killed and kept down for 3 s.
+// A consumer is killed a second into each database outage, so its
+// successor starts while the database is unavailable: it must wait, not
+// exit (no consumer exits on its own). No valid transfer is
+// dead-lettered, none is lost, inbox is exact. make chaos runs the long
+// version (stop, stall and refuse of 30 s, with kills).
 func TestDependencyOutageShort(t *testing.T) {
 	testenv.RequireAMQP(t)
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -159,7 +162,7 @@ func TestDependencyOutageShort(t *testing.T) {
 	bin := buildBank(t)
 	ls := runDemo(t, bin, "--modes", "none,dedup,inbox", "--messages", "200", "--kills", "0", "--cuts", "0",
 		"--proxy-cuts", "0", "--redis-restarts", "0", "--crash-rate", "0",
-		"--db-outages", "1", "--db-outage-duration", "3s", "--redis-outages", "1", "--redis-outage-duration", "3s",
+		"--db-outages", "2", "--db-outage-shapes", "stall,refuse", "--db-outage-duration", "3s", "--redis-outages", "1", "--redis-outage-duration", "3s",
 		"--timeout", "90s")
 	if len(ls) != 3 {
 		t.Fatalf("%d modes ran, want 3", len(ls))
@@ -174,8 +177,11 @@ func TestDependencyOutageShort(t *testing.T) {
 		if l.DeadLettered < l.Malformed {
 			t.Errorf("%s: %d dead letters, want at least %d", l.Mode, l.DeadLettered, l.Malformed)
 		}
-		if l.DBOutages != 1 {
-			t.Errorf("%s: %d PostgreSQL outages ran, want 1", l.Mode, l.DBOutages)
+		if l.DBOutages != 2 {
+			t.Errorf("%s: %d PostgreSQL outages ran, want 2", l.Mode, l.DBOutages)
+		}
+		if l.ExitedOnTheirOwn != 0 {
+			t.Errorf("%s: %d consumers exited on their own", l.Mode, l.ExitedOnTheirOwn)
 		}
 		if l.Mode == "dedup" && l.RedisOutages != 1 {
 			t.Errorf("dedup: %d Redis outages ran, want 1", l.RedisOutages)

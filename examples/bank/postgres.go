@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"syscall"
 	"time"
 
 	"github.com/idemq/idemq/internal/privatepg"
@@ -34,19 +35,40 @@ func startPrivatePostgres(ctx context.Context) (*privatePostgres, error) {
 // url is the server's postgres database.
 func (p *privatePostgres) url() string { return p.srv.URL() }
 
-// outage stops the server at once (pg_ctl stop -m immediate: every
-// connection is cut, as in a crash), calls started, keeps it down for d,
-// and starts it again.
-func (p *privatePostgres) outage(ctx context.Context, d time.Duration, started func()) error {
-	if err := p.srv.Stop(ctx); err != nil {
-		return err
+// The shapes of a database outage (--db-outage-shapes).
+const (
+	shapeStop   = "stop"   // pg_ctl stop -m immediate: connections cut, refused
+	shapeStall  = "stall"  // SIGSTOP of every server process: accepted, never answered
+	shapeRefuse = "refuse" // ALLOW_CONNECTIONS false, sessions ended: a server error (55000)
+)
+
+// outage makes the server unavailable in shape for d, calls started once
+// it is, and makes it available again.
+func (p *privatePostgres) outage(ctx context.Context, shape string, d time.Duration, started func()) error {
+	var undo func(context.Context) error
+	switch shape {
+	case shapeStall:
+		if err := p.srv.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		undo = func(context.Context) error { return p.srv.Signal(syscall.SIGCONT) }
+	case shapeRefuse:
+		if err := p.srv.AllowConnections(ctx, false); err != nil {
+			return err
+		}
+		undo = func(ctx context.Context) error { return p.srv.AllowConnections(ctx, true) }
+	default:
+		if err := p.srv.Stop(ctx); err != nil {
+			return err
+		}
+		undo = p.srv.Start
 	}
 	started()
 	select {
 	case <-time.After(d):
 	case <-ctx.Done():
 	}
-	return p.srv.Start(context.WithoutCancel(ctx))
+	return undo(context.WithoutCancel(ctx))
 }
 
 // remove stops the server for good and deletes its folder.

@@ -27,7 +27,10 @@ type ledger struct {
 	deadLettered                    int
 	reasons                         map[string]int
 	kills, crashes, cuts, restarted int
-	reconnects, storeErrors         int64
+	// exited counts consumers that exited by themselves (neither killed
+	// nor stopped): each is a process an outage or a fault made give up.
+	exited                  int
+	reconnects, storeErrors int64
 	// redis is the dedup store: "-" (none), "shared", or a private server's
 	// variant ("aof-always", "no-persist").
 	redis                    string
@@ -104,6 +107,9 @@ type Ledger struct {
 	// StuckOnSigterm counts consumers still running a minute after SIGTERM
 	// (then SIGQUIT for a goroutine dump in their log, then SIGKILL).
 	StuckOnSigterm int `json:"stuck_on_sigterm"`
+	// ExitedOnTheirOwn counts consumers that exited by themselves (not
+	// killed, not stopped); the supervisor restarted them. Must be 0.
+	ExitedOnTheirOwn int `json:"exited_on_their_own"`
 	// DBOutages and RedisOutages count the dependency outages injected;
 	// ValidDeadLettered the valid transfers dead-lettered (a dependency
 	// outage is not the message's fault: must be 0); OutagesSeen the
@@ -152,7 +158,7 @@ func writeLedgers(path string, ls []*ledger) error {
 			AppliedTwice: l.twice, Lost: l.lost, Late: l.late, LateWhere: l.lateWhere, HeldByBroker: l.heldByBroker, Expected: l.expected, Actual: l.actual, DeadLettered: l.deadLettered,
 			Reasons: l.reasons, Kills: l.kills, Crashes: l.crashes, Cuts: l.cuts, Exact: l.exact(),
 			Redis: l.redis, RedisRestarts: l.redisRestarts, RedisKept: l.redisKept, ProxyCuts: l.proxyCuts, BrokerRestarts: l.brokerRestarts,
-			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck,
+			ProxyConns: l.proxyConns, Reconnects: l.reconnects, StoreErrors: l.storeErrors, StuckOnSigterm: l.stuck, ExitedOnTheirOwn: l.exited,
 			DBOutages: l.dbOutages, RedisOutages: l.redisOutages, ValidDeadLettered: l.validDead, DeadNotApplied: l.deadNotApplied, OutagesSeen: l.outagesSeen,
 			Freezes: l.freezes, FreezesMidHandler: l.freezesMid, FreezeLeasesLost: l.freezeLeasesLost,
 			TransientOnce: l.transientOnce, TransientTwice: l.transientTwice, TransientApplied: l.transientApplied,
@@ -217,6 +223,7 @@ func ledgerRows() []ledgerRow {
 		{"  applied after / at a failure", func(l *ledger) string {
 			return fmt.Sprintf("%d/%d", l.transientApplied, l.transientEarly)
 		}},
+		{"consumers exited on their own", func(l *ledger) string { return itoa(int64(l.exited)) }},
 		{"consumers stuck after SIGTERM", func(l *ledger) string { return itoa(int64(l.stuck)) }},
 		{"consumer reconnects (≈)", func(l *ledger) string { return itoa(l.reconnects) }},
 		{"dedup Redis", func(l *ledger) string { return l.redis }},

@@ -340,6 +340,7 @@ func (r *modeRun) tallyConsumers(sup, final *supervisor) {
 	l.crashes = sup.crashes()
 	l.restarted = sup.restarts()
 	l.stuck = sup.stuck() + final.stuck()
+	l.exited = sup.exited() + final.exited()
 	for _, s := range append(sup.stats(), final.stats()...) {
 		l.deliveries += s[idemq.CountDelivered]
 		l.redeliveries += s[idemq.CountRedelivered]

@@ -33,7 +33,8 @@ type supervisor struct {
 	wg                     sync.WaitGroup
 	crashN, restartN, seqN atomic.Int64
 	stuckN                 atomic.Int64
-	name                   string // names its children's log and stats files
+	exitedN                atomic.Int64 // children that exited by themselves
+	name                   string       // names its children's log and stats files
 }
 
 func newSupervisor(name string, o demoOpts, mode, queue, db, dir string) *supervisor {
@@ -92,6 +93,7 @@ func (s *supervisor) run(slot int) {
 			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 				s.crashN.Add(1)
 			} else if !s.stopping.Load() {
+				s.exitedN.Add(1)
 				b, _ := os.ReadFile(logf.Name())
 				fmt.Fprintf(os.Stderr, "consumer exited: %v\n%s\n", err, tail(string(b), 800))
 				time.Sleep(500 * time.Millisecond)
@@ -200,6 +202,7 @@ func (s *supervisor) stuck() int { return int(s.stuckN.Load()) }
 // crashes counts children that died of SIGKILL, whoever sent it; the
 // demo's own kills are a subset.
 func (s *supervisor) crashes() int  { return int(s.crashN.Load()) }
+func (s *supervisor) exited() int   { return int(s.exitedN.Load()) }
 func (s *supervisor) restarts() int { return int(s.restartN.Load()) }
 
 func (s *supervisor) stats() []map[string]int64 {

@@ -10,7 +10,9 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -271,4 +273,88 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// Signal sends sig to the server's postmaster and every process it
+// started (its backends and background workers): SIGSTOP stalls the
+// whole server — connections are still accepted by the kernel and never
+// answered, running queries hang — and SIGCONT resumes it.
+func (s *Server) Signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, err := os.ReadFile(filepath.Join(s.dataDir(), "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("postmaster.pid: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return fmt.Errorf("postmaster.pid: %w", err)
+	}
+	pids := append([]int{pid}, children(pid)...)
+	for _, p := range pids {
+		if err := syscall.Kill(p, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("signal %v to %d: %w", sig, p, err)
+		}
+	}
+	return nil
+}
+
+// children lists the processes whose parent is pid (from /proc).
+func children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after
+		// its closing parenthesis.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// AllowConnections turns new connections to every database but postgres
+// and the templates on (allow) or off; turning them off also ends the
+// sessions of those databases, so every client meets the refusal (a
+// server error, SQLSTATE 55000) at its next connection.
+func (s *Server) AllowConnections(ctx context.Context, allow bool) error {
+	c, err := pgx.Connect(ctx, s.URL())
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	rows, err := c.Query(ctx, `SELECT datname FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')`)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if _, err := c.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s ALLOW_CONNECTIONS %t`, pgx.Identifier{n}.Sanitize(), allow)); err != nil {
+			return err
+		}
+	}
+	if !allow {
+		if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname NOT IN ('postgres', 'template0', 'template1') AND pid <> pg_backend_pid()`); err != nil {
+			return err
+		}
+	}
+	return nil
 }
