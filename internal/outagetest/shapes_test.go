@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,6 +52,11 @@ func TestWriteRefusalsAreOutages(t *testing.T) {
 			}, func(ctx context.Context, c *redis.Client) error {
 				return c.ReplicaOf(ctx, "NO", "ONE").Err()
 			})
+		}},
+		{"redis guard, a server that stalls (SIGSTOP)", func(t *testing.T) (idemq.ConsumerConfig, idemq.Handler, func(), func(), func() map[string]int) {
+			var rs *testenv.PrivateRedis
+			cfg, h, _, _, applied := redisGuardCellOn(t, func(r *testenv.PrivateRedis) { rs = r }, nil, nil)
+			return cfg, h, func() { rs.Signal(syscall.SIGSTOP) }, func() { rs.Signal(syscall.SIGCONT) }, applied
 		}},
 		{"postgres inbox, a read-only database (hot standby)", postgresReadOnlyCell},
 	} {
@@ -103,7 +109,15 @@ func TestWriteRefusalsAreOutages(t *testing.T) {
 // redisGuardCell is a dedup guard on a private Redis that refuse and allow
 // turn against writes and back.
 func redisGuardCell(t *testing.T, refuse, allow func(context.Context, *redis.Client) error) (idemq.ConsumerConfig, idemq.Handler, func(), func(), func() map[string]int) {
+	return redisGuardCellOn(t, nil, refuse, allow)
+}
+
+// redisGuardCellOn is redisGuardCell, handing the private Redis to got.
+func redisGuardCellOn(t *testing.T, got func(*testenv.PrivateRedis), refuse, allow func(context.Context, *redis.Client) error) (idemq.ConsumerConfig, idemq.Handler, func(), func(), func() map[string]int) {
 	rs := testenv.StartPrivateRedis(t, true)
+	if got != nil {
+		got(rs)
+	}
 	rc := rs.Client()
 	t.Cleanup(func() { rc.Close() })
 	admin := rs.Client()

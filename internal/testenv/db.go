@@ -150,6 +150,18 @@ func (r *PrivateRedis) Kill() {
 	}
 }
 
+// Signal sends sig to the server process: SIGSTOP stalls it (connections
+// accepted by the kernel, nothing answered), SIGCONT resumes it.
+func (r *PrivateRedis) Signal(sig os.Signal) {
+	r.t.Helper()
+	if r.cmd == nil || r.cmd.Process == nil {
+		r.t.Fatal("private redis: not running")
+	}
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		r.t.Fatalf("private redis: signal %v: %v", sig, err)
+	}
+}
+
 // Restart kills and starts the server again on the same port and folder.
 func (r *PrivateRedis) Restart() {
 	r.Kill()
