@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/frame"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -334,13 +335,13 @@ func (p *Publisher) prepare(msg *Message) (*preparedPub, error) {
 		// is dropped here.
 		delete(pub.Headers, HeaderPublishSeq)
 	}
-	size, err := contentHeaderPayloadSize(&pub)
+	size, err := frame.ContentHeaderPayloadSize(&pub)
 	if err != nil {
 		// A property or key over 255 bytes: amqp091-go would fail after
 		// writing the method frame, breaking the connection.
 		return nil, fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
 	}
-	return &preparedPub{msg: msg, pub: pub, frameSize: size + frameOverhead}, nil
+	return &preparedPub{msg: msg, pub: pub, frameSize: size + frame.Overhead}, nil
 }
 
 // fits refuses a message whose content header frame exceeds the
@@ -601,7 +602,7 @@ func (pc *pubChannel) send(ctx context.Context, pm *preparedPub) (*pendingPub, e
 	// publishes carry no header of idemq's: a header table costs the
 	// broker about a fifth of its publish rate (docs/BENCHMARKS.md).
 	_, shared := pc.byID[msg.ID]
-	if shared && pc.frameMax > 0 && pm.frameSize+seqHeaderSize(len(pub.Headers)) > pc.frameMax {
+	if shared && pc.frameMax > 0 && pm.frameSize+frame.Int64HeaderSize(HeaderPublishSeq, len(pub.Headers)) > pc.frameMax {
 		// No room for the header: wait (the publisher's backoff) until
 		// the other publish of this ID is confirmed.
 		pc.mu.Unlock()
