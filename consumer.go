@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/mgmt"
 )
 
@@ -44,7 +45,7 @@ type ConsumerConfig struct {
 	// joins the list). Every (re)connect tries them in a fresh random
 	// order, the node of the connection that just ended last, and takes
 	// the first that answers; the Reconnect backoff runs between passes
-	// over the whole list (see failover.go).
+	// over the whole list.
 	URLs []string
 	// Queue to consume from. Required.
 	Queue string
@@ -280,9 +281,9 @@ type Consumer struct {
 	counters *Counters
 	rec      Recorder
 	log      *slog.Logger
-	watch    *watchdog    // long-running handler warnings (consumer_timeout.go)
-	brk      *breaker     // dependency outages (breaker.go)
-	brokers  *brokers     // URL failover (failover.go)
+	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
+	brk      *breaker  // dependency outages (breaker.go)
+	brokers  *failover.Brokers
 	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
 
 	queueLimit atomic.Int64 // the broker's delivery limit for Queue, 0: unknown (limit.go)
@@ -310,7 +311,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	}
 	cfg = cfg.withDefaults()
 	c := &Consumer{cfg: cfg, log: cfg.Logger.With("queue", cfg.Queue, "group", cfg.Group), ready: make(chan struct{}),
-		brokers: newBrokers(cfg.URL, cfg.URLs)}
+		brokers: failover.New(cfg.URL, cfg.URLs)}
 	if cfg.Recorder == nil {
 		c.counters = &Counters{}
 		c.rec = c.counters

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/frame"
 	"github.com/idemq/idemq/internal/redact"
 )
@@ -73,7 +74,7 @@ type Publisher struct {
 	// its slots of sem: two batches each holding part of the window and
 	// waiting for the rest would never get it.
 	semTurn chan struct{}
-	brokers *brokers // URL failover (failover.go)
+	brokers *failover.Brokers
 
 	mu     sync.Mutex // guards cur and closed; held while (re)connecting
 	cur    *pubChannel
@@ -143,7 +144,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		rec = nopRecorder{}
 	}
 	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight), semTurn: make(chan struct{}, 1),
-		brokers: newBrokers(cfg.URL, cfg.URLs)}, nil
+		brokers: failover.New(cfg.URL, cfg.URLs)}, nil
 }
 
 // Publish sends msg and returns once the broker has confirmed it. A nack or
@@ -398,10 +399,34 @@ func (p *Publisher) settle(ctx context.Context, pc *pubChannel, pm *preparedPub,
 	}
 	pm.last = err
 	if errors.Is(err, ErrNacked) {
-		p.retire(pc) // failover.go
+		p.retire(pc)
 	}
 	p.log.Debug("idemq: publish attempt failed; retrying", "message_id", pm.msg.ID, "err", err)
 	return false, nil
+}
+
+// errChannelRetired fails the publishes still awaiting a confirm on a
+// channel the publisher retired after a nack; they are retried on a new
+// one.
+var errChannelRetired = errors.New("idemq: channel retired after a nack")
+
+// retire drops a channel that nacked a publish, and its connection: the
+// next attempt opens new ones. RabbitMQ 3.10 nacks every publish, for as
+// long as the channel lives, on a channel that was publishing to a quorum
+// queue whose leader node died, while a new channel publishes at once
+// (TestFaultClusterLeaderKill saw minutes of nacks after the kill). A nack
+// is rare otherwise (an internal error, a reject-publish overflow), so a
+// new connection for it costs little; the backoff between attempts still
+// applies.
+func (p *Publisher) retire(pc *pubChannel) {
+	p.mu.Lock()
+	if p.cur == pc {
+		p.cur = nil
+		p.rec.Add(CountReconnects, 1)
+	}
+	p.mu.Unlock()
+	_ = pc.conn.Close()
+	pc.fail(errChannelRetired)
 }
 
 // Close closes the connection. Publishes in flight fail with [ErrClosed].
@@ -440,7 +465,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 }
 
 func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
-	conn, _, err := p.brokers.dial(p.cfg.Dial, amqp.Config{
+	conn, _, err := p.brokers.Dial(p.cfg.Dial, amqp.Config{
 		Heartbeat:  p.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq publisher"},

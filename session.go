@@ -75,7 +75,7 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 
 // connect dials the broker and prepares a channel: QoS and topology.
 func (c *Consumer) connect(ctx context.Context) (*amqp.Connection, *amqp.Channel, error) {
-	conn, broker, err := c.brokers.dial(c.cfg.Dial, amqp.Config{
+	conn, broker, err := c.brokers.Dial(c.cfg.Dial, amqp.Config{
 		Heartbeat:  c.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq consumer " + c.cfg.ConsumerTag},

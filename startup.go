@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/mgmt"
 )
 
@@ -17,7 +18,7 @@ var ErrStartup = errors.New("idemq: consumer could not start")
 
 // ErrInvalidURL is matched (errors.Is) by the error of a broker URL that
 // does not parse. The URL is named redacted, never with its password.
-var ErrInvalidURL = errors.New("idemq: invalid AMQP URL")
+var ErrInvalidURL = failover.ErrInvalidURL
 
 // StartupError is what [Consumer.Run] returns when it gives up before its
 // first subscription: Permanent is true for an error retrying cannot fix
@@ -71,14 +72,14 @@ func isPermanentStartup(err error) bool {
 	if err == nil {
 		return false
 	}
-	var all *allDialsFailed
+	var all *failover.AllFailed
 	if errors.As(err, &all) {
-		for _, e := range all.errs {
+		for _, e := range all.Errs {
 			if !isPermanentStartup(e) {
 				return false
 			}
 		}
-		return len(all.errs) > 0
+		return len(all.Errs) > 0
 	}
 	if errors.Is(err, ErrInvalidURL) || mgmt.Permanent(err) {
 		return true
