@@ -3,14 +3,12 @@ package idemq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/breaker"
 )
 
 // BreakerConfig configures the consumer's dependency circuit breaker.
@@ -56,7 +54,7 @@ type BreakerConfig struct {
 	// does not say (a [RequeueError]'s After). Default 1s.
 	RetryAfter time.Duration
 	// AskTimeout bounds the probe run that decides whether a failure in a
-	// shape nobody listed is an outage (see breaker_ask.go): with Probes,
+	// shape nobody listed is an outage (see internal/breaker): with Probes,
 	// a failed run whose error is not a duplicate, permanent, rejected,
 	// a deferral or already an outage is an attempt only if every probe
 	// passes within AskTimeout; otherwise it is an outage, not counted.
@@ -93,204 +91,51 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 	return c
 }
 
-const (
-	breakerClosed int32 = iota
-	breakerOpen
-	breakerHalfOpen
-)
-
-// breaker is the consumer's circuit breaker (see [BreakerConfig]). The
-// consumer's dispatch loop asks gate before each receive; workers report
-// every outcome.
-type breaker struct {
-	cfg BreakerConfig
-	rec Recorder
-	log *slog.Logger
-
-	state atomic.Int32 // fast path for report
-	fails atomic.Int32 // consecutive unavailable outcomes while closed
-
-	mu      sync.Mutex
-	since   time.Time // outage start
-	round   int       // failed probe rounds / trials in this outage
-	retryAt time.Time
-	probing bool
-	trial   bool // half-open: the trial delivery is out
-	wake    chan struct{}
-	timer   *time.Timer
-	cause   error
-
-	asked askState // breaker_ask.go
-}
-
-func newBreaker(cfg BreakerConfig, rec Recorder, log *slog.Logger) *breaker {
-	return &breaker{cfg: cfg.withDefaults(), rec: rec, log: log, wake: make(chan struct{})}
-}
-
-// notify wakes the dispatch loop. Called with mu held.
-func (b *breaker) notify() {
-	close(b.wake)
-	b.wake = make(chan struct{})
-}
-
-// gate returns the channel the dispatch loop may receive deliveries from
-// (nil while paused) and a channel closed when that may have changed.
-func (b *breaker) gate(ctx context.Context, in <-chan amqp.Delivery) (<-chan amqp.Delivery, <-chan struct{}) {
-	if b.cfg.Disabled {
-		return in, nil
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch b.state.Load() {
-	case breakerClosed:
-		return in, b.wake // woken when it opens
-	case breakerOpen:
-		if time.Now().Before(b.retryAt) {
-			return nil, b.wake
-		}
-		if len(b.cfg.Probes) > 0 {
-			if !b.probing {
-				b.probing = true
-				go b.probe(ctx)
-			}
-			return nil, b.wake
-		}
-		b.state.Store(breakerHalfOpen)
-		b.trial = false
-		fallthrough
-	default: // half-open
-		if b.trial {
-			return nil, b.wake
-		}
-		return in, b.wake
-	}
-}
-
-// dispatched tells the breaker a delivery was handed to a worker (the
-// half-open trial, when half-open).
-func (b *breaker) dispatched() {
-	if b.cfg.Disabled || b.state.Load() != breakerHalfOpen {
-		return
-	}
-	b.mu.Lock()
-	if b.state.Load() == breakerHalfOpen {
-		b.trial = true
-	}
-	b.mu.Unlock()
-}
-
-// report records the outcome of one delivery's handler chain: nil is a
-// success (the dependencies answered), an unavailable error a failure;
-// other errors say nothing about the dependencies.
-func (b *breaker) report(err error) {
-	if b.cfg.Disabled {
-		return
-	}
-	unavailable := err != nil && IsUnavailable(err)
-	if b.state.Load() == breakerClosed {
-		switch {
-		case err == nil:
-			if b.fails.Load() != 0 {
-				b.fails.Store(0)
-			}
-			return
-		case !unavailable:
-			return
-		}
-		if b.fails.Add(1) < int32(b.cfg.Threshold) {
-			return
-		}
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch st := b.state.Load(); {
-	case unavailable && st == breakerClosed:
-		b.since, b.round, b.cause = time.Now(), 0, err
-		b.rec.Add(CountDependencyOutages, 1)
-		b.log.Warn("idemq: dependency unavailable; consumer paused (deliveries are given back, not counted as attempts)",
-			"dependency", dependencyOf(err), "err", err)
-		b.reopen()
-	case unavailable && st == breakerHalfOpen:
-		b.round++
-		b.reopen()
-	case err == nil && st != breakerClosed:
-		b.close()
-	case err != nil && st == breakerHalfOpen:
-		b.trial = false // the trial said nothing: let another through
-		b.notify()
-	}
-}
-
-// reopen sets the breaker open until the next probe or trial. mu held.
-func (b *breaker) reopen() {
-	b.state.Store(breakerOpen)
-	b.trial = false
-	d := b.cfg.Backoff.Delay(b.round)
-	b.retryAt = time.Now().Add(d)
-	if b.timer != nil {
-		b.timer.Stop()
-	}
-	b.timer = time.AfterFunc(d, func() {
-		b.mu.Lock()
-		b.notify()
-		b.mu.Unlock()
+// newBreaker returns the consumer's breaker for cfg: idemq's error
+// classes decide what is an outage, the counters count outages
+// ([CountDependencyOutages], [CountPausedMillis], [CountProbedOutages]).
+func newBreaker(cfg BreakerConfig, rec Recorder, log *slog.Logger) *breaker.Breaker {
+	cfg = cfg.withDefaults()
+	return breaker.New(breaker.Config{
+		Disabled:     cfg.Disabled,
+		Threshold:    cfg.Threshold,
+		Probes:       cfg.Probes,
+		Backoff:      cfg.Backoff,
+		ProbeTimeout: cfg.ProbeTimeout,
+		AskTimeout:   cfg.AskTimeout,
+		AskReuse:     cfg.AskReuse,
+		IsOutage:     IsUnavailable,
+		Askable:      askable,
+		Outage: func(err, probeErr error) error {
+			rec.Add(CountProbedOutages, 1)
+			return &UnavailableError{Dependency: "probe", Err: fmt.Errorf("%w (asked, a probe failed too: %v)", err, probeErr)}
+		},
+		Dependency: dependencyOf,
+		Opened:     func() { rec.Add(CountDependencyOutages, 1) },
+		Closed:     func(outage time.Duration) { rec.Add(CountPausedMillis, outage.Milliseconds()) },
+		Logger:     log,
 	})
-	b.notify()
 }
 
-// close resumes the consumer. mu held.
-func (b *breaker) close() {
-	if b.state.Load() == breakerClosed {
-		return
+// askable says whether a failed run's error leaves open whether a
+// dependency is down (see [BreakerConfig.AskTimeout]): not a duplicate,
+// an outage, permanent, rejected, a deferral or a panic.
+func askable(err error) bool {
+	var rq *RequeueError
+	var rj *RejectError
+	var pe *PanicError
+	switch {
+	case IsDuplicate(err), IsUnavailable(err), IsPermanent(err):
+		return false
+	case errors.As(err, &rq), errors.As(err, &rj), errors.As(err, &pe):
+		return false
 	}
-	if b.timer != nil {
-		b.timer.Stop()
-		b.timer = nil
-	}
-	outage := time.Since(b.since)
-	b.state.Store(breakerClosed)
-	b.fails.Store(0)
-	b.trial = false
-	b.rec.Add(CountPausedMillis, outage.Milliseconds())
-	b.log.Warn("idemq: dependency back; consumer resumed",
-		"dependency", dependencyOf(b.cause), "outage", outage.Round(time.Millisecond), "probes", b.round+1)
-	b.notify()
+	return true
 }
-
-// probe runs one round of probes and closes or reopens the breaker.
-func (b *breaker) probe(ctx context.Context) {
-	pctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
-	var err error
-	for _, p := range b.cfg.Probes {
-		if err = p(pctx); err != nil {
-			break
-		}
-	}
-	cancel()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.probing = false
-	if b.state.Load() != breakerOpen {
-		return
-	}
-	if err == nil {
-		b.close()
-		return
-	}
-	if ctx.Err() != nil {
-		return
-	}
-	b.round++
-	b.log.Debug("idemq: dependency probe failed", "err", err, "round", b.round)
-	b.reopen()
-}
-
-// paused reports whether the breaker holds the consumer.
-func (b *breaker) paused() bool { return !b.cfg.Disabled && b.state.Load() != breakerClosed }
 
 // Paused reports whether the consumer is paused by its breaker because a
 // dependency is unavailable (see [BreakerConfig]).
-func (c *Consumer) Paused() bool { return c.brk.paused() }
+func (c *Consumer) Paused() bool { return c.brk.Paused() }
 
 func dependencyOf(err error) string {
 	var u *UnavailableError

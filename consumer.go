@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/breaker"
 	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/mgmt"
 )
@@ -281,8 +282,8 @@ type Consumer struct {
 	counters *Counters
 	rec      Recorder
 	log      *slog.Logger
-	watch    *watchdog // long-running handler warnings (consumer_timeout.go)
-	brk      *breaker  // dependency outages (breaker.go)
+	watch    *watchdog        // long-running handler warnings (consumer_timeout.go)
+	brk      *breaker.Breaker // dependency outages (breaker.go)
 	brokers  *failover.Brokers
 	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
 

@@ -31,13 +31,13 @@ func (c *Consumer) process(ctx context.Context, x *executor, j job) {
 func (c *Consumer) decide(ctx context.Context, d *Delivery) Decision {
 	return decide(ctx, c.policy, d, func(ctx context.Context, d *Delivery) error {
 		// An error in a shape nobody listed is an outage when the
-		// dependency says so (breaker_ask.go).
-		return c.brk.ask(ctx, c.run(ctx, d))
+		// dependency says so (BreakerConfig.AskTimeout).
+		return c.brk.Ask(ctx, c.run(ctx, d))
 	}, func(err error) {
 		if err != nil && !IsDuplicate(err) {
 			c.rec.Add(CountFailed, 1)
 		}
-	}, c.brk.report)
+	}, c.brk.Report)
 }
 
 // decide is the consumer's decision loop, shared with [Pipeline.Decide]:

@@ -194,7 +194,7 @@ func (w *workers) stop(timeout time.Duration, cancel func()) {
 // back while a dependency is down.
 func (c *Consumer) receive(ctx context.Context, s subscription, w *workers) error {
 	for {
-		in, wake := c.brk.gate(ctx, s.deliveries) // nil while a dependency is down
+		in, wake := c.brk.Gate(ctx, s.deliveries) // nil while a dependency is down
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -209,7 +209,7 @@ func (c *Consumer) receive(ctx context.Context, s subscription, w *workers) erro
 			if !ok {
 				return errors.New("delivery stream closed")
 			}
-			c.brk.dispatched()
+			c.brk.Dispatched()
 			if !c.dispatch(w, d) {
 				return errors.New("acker closed")
 			}
