@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/breaker"
+	"github.com/idemq/idemq/internal/deadline"
 	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/mgmt"
 )
@@ -282,8 +283,8 @@ type Consumer struct {
 	counters *Counters
 	rec      Recorder
 	log      *slog.Logger
-	watch    *watchdog        // long-running handler warnings (consumer_timeout.go)
-	brk      *breaker.Breaker // dependency outages (breaker.go)
+	watch    *deadline.Watchdog[*Delivery] // long-running handler warnings
+	brk      *breaker.Breaker              // dependency outages (breaker.go)
 	brokers  *failover.Brokers
 	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
 
@@ -329,7 +330,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		}
 		c.mgmt = m
 	}
-	c.watch = newWatchdog(c)
+	c.watch = deadline.NewWatchdog[*Delivery](cfg.timeouts(), c.log, func() { c.rec.Add(CountStuckHandlers, 1) })
 	c.policy = cfg.Pipeline.Policy
 	c.handler = cfg.Pipeline.chain(c.deadline) // after c.mgmt: the deadline follows the queue's consumer timeout
 	brk := cfg.Breaker
@@ -378,7 +379,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.mu.Unlock()
 	}()
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	go c.watch.run(wctx)
+	go c.watch.Run(wctx)
 	defer stopWatch()
 
 	failures := 0

@@ -107,14 +107,14 @@ func (c *Consumer) readConsumerTimeout(q mgmt.Queue) {
 	if c.queueTimeout.Swap(n) == n {
 		return
 	}
-	c.watch.setTimeouts(c.timeouts())
+	c.watch.SetTimeouts(c.timeouts())
 	if n == 0 {
 		return
 	}
 	if (c.cfg.ConsumerTimeout > 0 && d < c.cfg.ConsumerTimeout) || c.cfg.HandlerTimeout > d {
 		c.log.Warn("idemq: the broker applies a shorter consumer timeout to the queue than the consumer was given; handlers are bounded below it",
 			"queue", c.cfg.Queue, "consumer_timeout", d, "source", source,
-			"ConsumerTimeout", c.cfg.ConsumerTimeout, "HandlerTimeout", c.cfg.HandlerTimeout, "bound", d-c.timeouts().margin)
+			"ConsumerTimeout", c.cfg.ConsumerTimeout, "HandlerTimeout", c.cfg.HandlerTimeout, "bound", d-c.timeouts().Margin)
 		return
 	}
 	c.log.Info("idemq: queue consumer timeout", "queue", c.cfg.Queue, "consumer_timeout", d, "source", source)

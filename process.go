@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/acker"
+	"github.com/idemq/idemq/internal/deadline"
 )
 
 // process runs one delivery: the failure policy decides (after as many runs
@@ -20,7 +21,8 @@ func (c *Consumer) process(ctx context.Context, x *executor, j job) {
 		x.observe(j.del, dec, 0)
 		return
 	}
-	defer c.watch.track(j.del)()
+	defer c.watch.Track(j.del, deadline.Item{MessageID: j.del.MessageID, DeliveryTag: j.del.DeliveryTag,
+		Redelivered: j.del.Redelivered, ReceivedAt: j.del.ReceivedAt})()
 	start := time.Now()
 	dec := c.decide(ctx, j.del)
 	x.carry(ctx, j.del, j.d.DeliveryTag, dec, time.Since(start))
