@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/breaker"
 	"github.com/idemq/idemq/internal/deadline"
+	"github.com/idemq/idemq/internal/deliverylimit"
 	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/mgmt"
 )
@@ -286,14 +287,7 @@ type Consumer struct {
 	watch    *deadline.Watchdog[*Delivery] // long-running handler warnings
 	brk      *breaker.Breaker              // dependency outages (breaker.go)
 	brokers  *failover.Brokers
-	mgmt     *mgmt.Client // reads the queue's delivery limit; nil without ManagementURL (limit.go)
-
-	queueLimit atomic.Int64 // the broker's delivery limit for Queue, 0: unknown (limit.go)
-	// queueTimeout is the broker's consumer timeout for Queue in ns (an
-	// argument or a policy, read with the limit), 0: none shown.
-	queueTimeout atomic.Int64
-	limitMu      sync.Mutex // serialises reads of the limit (limit.go)
-	limitRead    bool       // a limit was read once (under limitMu)
+	limits   *deliverylimit.Reader // the queue's delivery limit and consumer timeout; nil without ManagementURL
 
 	mu      sync.Mutex
 	running bool
@@ -328,11 +322,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		if err != nil {
 			return nil, fmt.Errorf("idemq: ConsumerConfig.ManagementURL: %w", err)
 		}
-		c.mgmt = m
+		c.limits = deliverylimit.New(deliverylimit.Config{Client: m, Queue: cfg.Queue, Timeout: cfg.ManagementTimeout,
+			Ready: c.readyOnce, ConsumerTimeout: c.queueTimeoutRead, Logger: c.log})
 	}
 	c.watch = deadline.NewWatchdog[*Delivery](cfg.timeouts(), c.log, func() { c.rec.Add(CountStuckHandlers, 1) })
 	c.policy = cfg.Pipeline.Policy
-	c.handler = cfg.Pipeline.chain(c.deadline) // after c.mgmt: the deadline follows the queue's consumer timeout
+	c.handler = cfg.Pipeline.chain(c.deadline) // after c.limits: the deadline follows the queue's consumer timeout
 	brk := cfg.Breaker
 	brk.Probes = append(cfg.Pipeline.layerProbes(), brk.Probes...)
 	c.brk = newBreaker(brk, c.rec, c.log)

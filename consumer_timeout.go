@@ -86,7 +86,7 @@ func (cfg *ConsumerConfig) timeouts() deadline.Timeouts {
 // a shorter one (limit.go); the margin then stays below a quarter of it.
 func (c *Consumer) timeouts() deadline.Timeouts {
 	t := c.cfg.timeouts()
-	if q := time.Duration(c.queueTimeout.Load()); q > 0 && (t.Broker <= 0 || q < t.Broker) {
+	if q := c.limits.ConsumerTimeout(); q > 0 && (t.Broker <= 0 || q < t.Broker) {
 		t.Broker = q
 		if t.Margin <= 0 || t.Margin > q/4 {
 			t.Margin = q / 4
@@ -101,7 +101,7 @@ func (c *Consumer) timeouts() deadline.Timeouts {
 // live context, so they can release the claim, roll back and republish
 // after a timeout.
 func (c *Consumer) deadline(h Handler) Handler {
-	if t := c.timeouts(); t.Handler <= 0 && t.Broker <= 0 && c.mgmt == nil {
+	if t := c.timeouts(); t.Handler <= 0 && t.Broker <= 0 && c.limits == nil {
 		return h
 	}
 	return HandlerFunc(func(ctx context.Context, d *Delivery) error {

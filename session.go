@@ -30,8 +30,12 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer conn.Close()
-	if err := c.readDeliveryLimit(ctx, conn); err != nil {
-		return false, err
+	if c.limits != nil {
+		// At every (re)connect: a policy may have changed, and after a
+		// failover another node answers.
+		if err := c.limits.Read(ctx, vhostOf(conn)); err != nil {
+			return false, err
+		}
 	}
 	sub, err := c.subscribe(ctx, conn, ch)
 	if err != nil {
@@ -42,7 +46,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	defer c.consuming.Store(false)
 	rctx, stopRefresh := context.WithCancel(ctx)
 	defer stopRefresh()
-	go c.refreshDeliveryLimit(rctx, conn)
+	if c.limits != nil {
+		go c.limits.Refresh(rctx, vhostOf(conn), c.cfg.ManagementRefresh)
+	}
 	if rel := c.startRelease(ctx, conn); rel != nil {
 		// Stopped before the connection closes: its republishes in
 		// flight finish and ack first.
@@ -251,7 +257,7 @@ func (c *Consumer) dispatch(w *workers, d amqp.Delivery) bool {
 		c.rec.Add(CountRedelivered, 1)
 	}
 	del := newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())
-	del.QueueDeliveryLimit = int(c.queueLimit.Load())
+	del.QueueDeliveryLimit = c.limits.Limit()
 	c.cfg.ID.Apply(del)
 	w.work <- job{d: d, del: del}
 	return true
