@@ -14,54 +14,7 @@ import (
 	"github.com/idemq/idemq/backoff"
 	"github.com/idemq/idemq/internal/failover"
 	"github.com/idemq/idemq/internal/frame"
-	"github.com/idemq/idemq/internal/redact"
 )
-
-// PublisherConfig configures a [Publisher]. The zero value is usable.
-type PublisherConfig struct {
-	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL]
-	// (when URLs is empty too).
-	URL string
-	// URLs lists the nodes of a cluster, one URL each (URL, when set too,
-	// joins the list); a (re)connect tries them in a fresh random order,
-	// the node of the connection that just ended last (see
-	// [ConsumerConfig.URLs]). The Retry backoff runs between passes.
-	URLs []string
-	// Setup declares topology after each (re)connect. Optional.
-	Setup SetupFunc
-	// MaxInFlight bounds publishes awaiting their confirm. Default 4096.
-	MaxInFlight int
-	// Retry is the backoff between attempts of one publish (after a nack or
-	// a lost connection). Default 50ms doubling to 5s, with jitter.
-	Retry backoff.Policy
-	// MaxAttempts bounds the attempts of one publish; 0 means retry until
-	// the context is done. Set a context deadline either way.
-	MaxAttempts int
-	// Heartbeat for the AMQP connection. Default 10s.
-	Heartbeat time.Duration
-	// Recorder receives counters (published, publish_retries). Optional.
-	Recorder Recorder
-	// Logger; default slog.Default().
-	Logger *slog.Logger
-	// Dial overrides how the connection is made. Default amqp.DialConfig.
-	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
-}
-
-// ReturnedError is the error for a mandatory message the broker returned
-// (no queue bound to its routing key). It wraps [ErrUnroutable].
-type ReturnedError struct {
-	MessageID  string
-	Exchange   string
-	RoutingKey string
-	ReplyCode  uint16
-	ReplyText  string
-}
-
-func (e *ReturnedError) Error() string {
-	return fmt.Sprintf("idemq: message %q returned by the broker: %d %s (exchange %q, routing key %q)",
-		e.MessageID, e.ReplyCode, e.ReplyText, e.Exchange, e.RoutingKey)
-}
-func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
 
 // Publisher publishes with confirms, mandatory routing and retries. It is
 // safe for concurrent use; each publish waits only for its own confirm.
@@ -79,54 +32,6 @@ type Publisher struct {
 	mu     sync.Mutex // guards cur and closed; held while (re)connecting
 	cur    *pubChannel
 	closed bool
-}
-
-// Validate reports a configuration [NewPublisher] refuses: a broker URL
-// that does not parse (matching [ErrInvalidURL]), or a negative bound.
-func (c PublisherConfig) Validate() error {
-	for _, u := range append([]string{c.URL}, c.URLs...) {
-		if u == "" {
-			continue
-		}
-		if _, err := amqp.ParseURI(u); err != nil {
-			return fmt.Errorf("%w %s: want amqp[s]://user:password@host:port/vhost[?params]", ErrInvalidURL, redact.URL(u))
-		}
-	}
-	switch {
-	case c.MaxInFlight < 0:
-		return fmt.Errorf("idemq: PublisherConfig.MaxInFlight %d is negative", c.MaxInFlight)
-	case c.MaxAttempts < 0:
-		return fmt.Errorf("idemq: PublisherConfig.MaxAttempts %d is negative", c.MaxAttempts)
-	case c.Heartbeat < 0:
-		return fmt.Errorf("idemq: PublisherConfig.Heartbeat %v is negative", c.Heartbeat)
-	}
-	return nil
-}
-
-// withDefaults fills the documented defaults.
-func (c PublisherConfig) withDefaults() PublisherConfig {
-	if c.URL == "" && len(c.URLs) == 0 {
-		c.URL = URLFromEnv()
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = 4096
-	}
-	if c.Retry.Min <= 0 {
-		c.Retry.Min = 50 * time.Millisecond
-	}
-	if c.Retry.Max <= 0 {
-		c.Retry.Max = 5 * time.Second
-	}
-	if c.Heartbeat == 0 {
-		c.Heartbeat = 10 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Dial == nil {
-		c.Dial = amqp.DialConfig
-	}
-	return c
 }
 
 // NewPublisher validates cfg ([PublisherConfig.Validate]), fills its
