@@ -85,7 +85,7 @@ test-fake: ## the broker tests on the in-memory fake instead of RabbitMQ
 FUZZ_TARGETS := \
 	. FuzzMessageID \
 	. FuzzFromJSONField \
-	. FuzzContentHeaderPayloadSize \
+	./internal/frame FuzzContentHeaderPayloadSize \
 	./retry FuzzParseXDeath \
 	./retry FuzzAttemptHeaders \
 	./internal/release FuzzDue \

@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/internal/breaker"
 )
 
-func askBreaker(probe func(context.Context) error, cfg BreakerConfig) *breaker {
+func askBreaker(probe func(context.Context) error, cfg BreakerConfig) *breaker.Breaker {
 	cfg.Probes = []func(context.Context) error{probe}
 	return newBreaker(cfg, &Counters{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
@@ -39,7 +41,7 @@ func TestAskClassifies(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var asked atomic.Int32
 			b := askBreaker(func(context.Context) error { asked.Add(1); return tt.probe }, BreakerConfig{})
-			got := b.ask(context.Background(), tt.err)
+			got := b.Ask(context.Background(), tt.err)
 			if IsUnavailable(got) != tt.outage {
 				t.Errorf("ask(%v) = %v: outage %v, want %v", tt.err, got, IsUnavailable(got), tt.outage)
 			}
@@ -76,7 +78,7 @@ func TestAskStallsSharingAndOff(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if IsUnavailable(b.ask(context.Background(), plain)) {
+			if IsUnavailable(b.Ask(context.Background(), plain)) {
 				outages.Add(1)
 			}
 		}()
@@ -89,11 +91,11 @@ func TestAskStallsSharingAndOff(t *testing.T) {
 	stopped, cancel := context.WithCancel(context.Background())
 	cancel()
 	before := runs.Load()
-	if err := b.ask(stopped, plain); IsUnavailable(err) || runs.Load() != before {
+	if err := b.Ask(stopped, plain); IsUnavailable(err) || runs.Load() != before {
 		t.Fatalf("a stopping consumer's failure was asked about: %v", err)
 	}
 	off := askBreaker(func(context.Context) error { t.Error("asked with AskTimeout < 0"); return nil }, BreakerConfig{AskTimeout: -1})
-	if err := off.ask(context.Background(), plain); err != plain {
+	if err := off.Ask(context.Background(), plain); err != plain {
 		t.Fatalf("AskTimeout < 0: %v", err)
 	}
 }
@@ -112,10 +114,10 @@ func TestLayerProbesJoinTheBreaker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := len(c.brk.cfg.Probes); got != 2 {
+	if got := len(c.brk.Config().Probes); got != 2 {
 		t.Fatalf("%d probes, want the handler's and the configured one", got)
 	}
-	if err := c.brk.askProbes(); err != nil || n.Load() != 11 {
+	if err := c.brk.AskProbes(); err != nil || n.Load() != 11 {
 		t.Fatalf("probes ran %d (err %v), want both", n.Load(), err)
 	}
 }
@@ -128,7 +130,7 @@ func TestAskProbeIgnoringItsContextOrPanicking(t *testing.T) {
 	defer close(block)
 	b := askBreaker(func(context.Context) error { <-block; return nil }, BreakerConfig{AskTimeout: 100 * time.Millisecond})
 	done := make(chan error, 1)
-	go func() { done <- b.ask(context.Background(), plain) }()
+	go func() { done <- b.Ask(context.Background(), plain) }()
 	select {
 	case err := <-done:
 		if !IsUnavailable(err) {
@@ -138,7 +140,7 @@ func TestAskProbeIgnoringItsContextOrPanicking(t *testing.T) {
 		t.Fatal("ask held by a probe that ignores its context")
 	}
 	p := askBreaker(func(context.Context) error { panic("boom") }, BreakerConfig{})
-	if err := p.ask(context.Background(), plain); !IsUnavailable(err) {
+	if err := p.Ask(context.Background(), plain); !IsUnavailable(err) {
 		t.Fatalf("a panicking probe: %v, want an outage", err)
 	}
 }

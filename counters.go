@@ -60,6 +60,20 @@ const (
 	CountProbedOutages = "dependency_probed_outages"
 )
 
+// Counter names for handler time limits.
+const (
+	// CountHandlerTimeouts: handlers whose context reached its deadline
+	// (HandlerTimeout or the ConsumerTimeout bound) and that failed.
+	CountHandlerTimeouts = "handler_timeouts"
+	// CountStuckHandlers: deliveries still being handled after
+	// StuckHandlerAfter (counted once each).
+	CountStuckHandlers = "stuck_handlers"
+	// CountExpiredDeliveries: deliveries given back without running
+	// because they waited in the client until too close to the
+	// ConsumerTimeout bound.
+	CountExpiredDeliveries = "expired_deliveries"
+)
+
 // Recorder receives counter increments. It must be safe for concurrent use.
 // [Counters] keeps them in memory; adapt it to your metrics system (one
 // Prometheus counter per name, say) by implementing Add.

@@ -40,6 +40,23 @@
 //   - Wire header names (headers.go) and counter names (counters.go),
 //     defined once.
 //
+// # Where things are
+//
+// config.go holds every configuration ([ConsumerConfig], [BreakerConfig],
+// [ReleaseConfig], [PublisherConfig]); errors.go the error classes. The
+// consumer's methods are in consumer.go (construction, Run),
+// consumer_session.go (one connection's lifetime) and consumer_process.go
+// (one delivery: expiry, the decision loop, the handler deadline); the
+// executor that settles every delivery is in settle.go. The machinery
+// behind them is internal, one package per part: internal/breaker (the
+// circuit breaker and asking the dependencies), internal/deadline (the
+// handler deadline and the long-running handler watchdog),
+// internal/deliverylimit (the queue's delivery limit and consumer timeout
+// from the management API), internal/failover (broker URL lists and
+// redacted dialing), internal/frame (content header frame sizing),
+// internal/acker (coalesced acks, delayed requeues) and internal/release
+// (releasing delay queues).
+//
 // The layers of defence live in their own packages: dedup (the consumer-entry
 // guard and its stores), inbox (the effect inside the business transaction),
 // outbox (the transactional producer), retry (the failure policy: delays and

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq/internal/deadline"
+	"github.com/idemq/idemq/internal/failover"
 )
 
 // Sentinel errors callers can match with errors.Is.
@@ -178,6 +181,91 @@ func ReasonOf(err error) string {
 	}
 	return ReasonHandlerError
 }
+
+// ErrStartup is matched (errors.Is) by the error [Consumer.Run] returns when
+// the consumer never got to consume: a permanent error at startup (see
+// [StartupError]) or ConsumerConfig.StartupAttempts failed attempts.
+var ErrStartup = errors.New("idemq: consumer could not start")
+
+// StartupError is what [Consumer.Run] returns when it gives up before its
+// first subscription: Permanent is true for an error retrying cannot fix
+// (access refused — a wrong user or password once ConsumerConfig.LoginGrace
+// has passed, a vhost or queue the user may not use —, the queue not found, a topology declaration that conflicts
+// with the broker's, a URL that does not parse); otherwise Attempts
+// reached ConsumerConfig.StartupAttempts. errors.Is(err, [ErrStartup])
+// holds; errors.As reaches the cause (an *amqp.Error with its Code).
+type StartupError struct {
+	Attempts  int
+	Permanent bool
+	Err       error
+}
+
+func (e *StartupError) Error() string {
+	if e.Permanent {
+		return fmt.Sprintf("idemq: consumer could not start (permanent error, not retried): %v", e.Err)
+	}
+	return fmt.Sprintf("idemq: consumer could not start after %d attempts: %v", e.Attempts, e.Err)
+}
+
+func (e *StartupError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrStartup) hold.
+func (e *StartupError) Is(target error) bool { return target == ErrStartup }
+
+// ErrInvalidURL is matched (errors.Is) by the error of a broker URL that
+// does not parse. The URL is named redacted, never with its password.
+var ErrInvalidURL = failover.ErrInvalidURL
+
+// ErrHandlerTimeout is the cause of a handler context cancelled at its
+// deadline (see ConsumerConfig.HandlerTimeout and ConsumerTimeout). A
+// handler can test context.Cause(ctx) for it; a failed handler's error
+// reaches the failure policy as a [*HandlerTimeoutError].
+var ErrHandlerTimeout = deadline.ErrHandlerTimeout
+
+// HandlerTimeoutError is what a handler's error becomes when the handler
+// failed after its context reached its deadline. It is an ordinary failed
+// attempt for the failure policy (retried with delay, then dead-lettered),
+// not a shutdown: the delivery is not acked, the dedup guard releases its
+// claim and the inbox rolls back, so the redelivery applies it once.
+type HandlerTimeoutError struct {
+	// Limit is how long the handler was given.
+	Limit time.Duration
+	// ConsumerTimeout says the limit came from the broker's consumer
+	// timeout bound rather than from HandlerTimeout.
+	ConsumerTimeout bool
+	// Err is what the handler returned.
+	Err error
+}
+
+func (e *HandlerTimeoutError) Error() string {
+	return fmt.Sprintf("%s after %v (%s): %s", ErrHandlerTimeout.Error(), e.Limit, e.source(), errString(e.Err))
+}
+
+func (e *HandlerTimeoutError) source() string {
+	if e.ConsumerTimeout {
+		return "bounded below the broker's consumer_timeout"
+	}
+	return "HandlerTimeout"
+}
+
+// Unwrap returns [ErrHandlerTimeout] and the handler's error.
+func (e *HandlerTimeoutError) Unwrap() []error { return []error{ErrHandlerTimeout, e.Err} }
+
+// ReturnedError is the error for a mandatory message the broker returned
+// (no queue bound to its routing key). It wraps [ErrUnroutable].
+type ReturnedError struct {
+	MessageID  string
+	Exchange   string
+	RoutingKey string
+	ReplyCode  uint16
+	ReplyText  string
+}
+
+func (e *ReturnedError) Error() string {
+	return fmt.Sprintf("idemq: message %q returned by the broker: %d %s (exchange %q, routing key %q)",
+		e.MessageID, e.ReplyCode, e.ReplyText, e.Exchange, e.RoutingKey)
+}
+func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
 
 func errString(err error) string {
 	if err == nil {

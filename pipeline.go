@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
+
+	"github.com/idemq/idemq/backoff"
 )
 
 // Pipeline is what a [Consumer] runs for each delivery, as data: each part
@@ -155,4 +158,69 @@ func (p Pipeline) chain(inner func(Handler) Handler) Handler {
 		h = p.Guard.Wrap(h)
 	}
 	return Chain(h, p.Middleware...)
+}
+
+// Decide runs p for d the way a [Consumer] does and returns the decision
+// the consumer's executor would carry out: the failure policy admits d,
+// the chain (middleware → guard → Recover → handler) runs as many times as
+// the policy asks (quick retries), and the policy decides. It carries
+// nothing out — no publish, no ack, no nack — and it is the consumer's own
+// decision loop, not a copy of it. It is the seam a test kit (idemqtest)
+// or an adapter drives a pipeline through without a broker.
+//
+// What belongs to the consumer rather than to the pipeline is not applied:
+// the handler deadline (HandlerTimeout, the ConsumerTimeout bound), the
+// breaker, the counters (put a Recorder in ctx with [WithRecorder] for the
+// layers' own), and the ID decision (call [IDConfig.Apply] on d first, or
+// d.ID() reads its MessageID). A nil Policy is [BasePolicy]; a pipeline
+// without a Handler is rejected with [ErrNoHandler].
+func (p Pipeline) Decide(ctx context.Context, d *Delivery) Decision {
+	policy := p.Policy
+	if policy == nil {
+		policy = BasePolicy{}
+	}
+	if err := p.Validate(); err != nil {
+		return Decision{Action: ActionReject, Outcome: OutcomeRejected, Reason: ReasonOf(err), Err: err}
+	}
+	h := p.chain(nil)
+	return decide(ctx, policy, d, func(ctx context.Context, d *Delivery) error {
+		return runChain(ctx, h, d)
+	}, nil, nil)
+}
+
+// decide is the consumer's decision loop, shared with [Pipeline.Decide]:
+// the policy admits d, run runs the chain, ran (optional) sees every run's
+// error, last (optional) the error of the run the final decision was taken
+// on.
+func decide(ctx context.Context, policy FailurePolicy, d *Delivery, run func(context.Context, *Delivery) error, ran, last func(error)) Decision {
+	if dec, ok := policy.Admit(d); !ok {
+		return dec
+	}
+	for n := 1; ; n++ {
+		err := run(ctx, d)
+		if ran != nil {
+			ran(err)
+		}
+		dec := policy.Decide(d, Run{Err: err, N: n, Stopping: ctx.Err() != nil})
+		if dec.Action == ActionRunAgain && backoff.Sleep(ctx, dec.Delay) != nil {
+			// Stopping during the pause: decide without running again.
+			dec = policy.Decide(d, Run{Err: err, N: n, Stopping: true})
+		}
+		if dec.Action != ActionRunAgain {
+			if last != nil {
+				last(err)
+			}
+			return dec
+		}
+	}
+}
+
+// runChain runs h once, a panic becoming a [*PanicError].
+func runChain(ctx context.Context, h Handler, d *Delivery) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return h.Handle(ctx, d)
 }

@@ -12,54 +12,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/backoff"
-	"github.com/idemq/idemq/internal/redact"
+	"github.com/idemq/idemq/internal/failover"
+	"github.com/idemq/idemq/internal/frame"
 )
-
-// PublisherConfig configures a [Publisher]. The zero value is usable.
-type PublisherConfig struct {
-	// URL of the broker. Default: IDEMQ_AMQP_URL, else [DefaultURL]
-	// (when URLs is empty too).
-	URL string
-	// URLs lists the nodes of a cluster, one URL each (URL, when set too,
-	// joins the list); a (re)connect tries them in a fresh random order,
-	// the node of the connection that just ended last (see
-	// [ConsumerConfig.URLs]). The Retry backoff runs between passes.
-	URLs []string
-	// Setup declares topology after each (re)connect. Optional.
-	Setup SetupFunc
-	// MaxInFlight bounds publishes awaiting their confirm. Default 4096.
-	MaxInFlight int
-	// Retry is the backoff between attempts of one publish (after a nack or
-	// a lost connection). Default 50ms doubling to 5s, with jitter.
-	Retry backoff.Policy
-	// MaxAttempts bounds the attempts of one publish; 0 means retry until
-	// the context is done. Set a context deadline either way.
-	MaxAttempts int
-	// Heartbeat for the AMQP connection. Default 10s.
-	Heartbeat time.Duration
-	// Recorder receives counters (published, publish_retries). Optional.
-	Recorder Recorder
-	// Logger; default slog.Default().
-	Logger *slog.Logger
-	// Dial overrides how the connection is made. Default amqp.DialConfig.
-	Dial func(url string, cfg amqp.Config) (*amqp.Connection, error)
-}
-
-// ReturnedError is the error for a mandatory message the broker returned
-// (no queue bound to its routing key). It wraps [ErrUnroutable].
-type ReturnedError struct {
-	MessageID  string
-	Exchange   string
-	RoutingKey string
-	ReplyCode  uint16
-	ReplyText  string
-}
-
-func (e *ReturnedError) Error() string {
-	return fmt.Sprintf("idemq: message %q returned by the broker: %d %s (exchange %q, routing key %q)",
-		e.MessageID, e.ReplyCode, e.ReplyText, e.Exchange, e.RoutingKey)
-}
-func (e *ReturnedError) Unwrap() error { return ErrUnroutable }
 
 // Publisher publishes with confirms, mandatory routing and retries. It is
 // safe for concurrent use; each publish waits only for its own confirm.
@@ -72,59 +27,11 @@ type Publisher struct {
 	// its slots of sem: two batches each holding part of the window and
 	// waiting for the rest would never get it.
 	semTurn chan struct{}
-	brokers *brokers // URL failover (failover.go)
+	brokers *failover.Brokers
 
 	mu     sync.Mutex // guards cur and closed; held while (re)connecting
 	cur    *pubChannel
 	closed bool
-}
-
-// Validate reports a configuration [NewPublisher] refuses: a broker URL
-// that does not parse (matching [ErrInvalidURL]), or a negative bound.
-func (c PublisherConfig) Validate() error {
-	for _, u := range append([]string{c.URL}, c.URLs...) {
-		if u == "" {
-			continue
-		}
-		if _, err := amqp.ParseURI(u); err != nil {
-			return fmt.Errorf("%w %s: want amqp[s]://user:password@host:port/vhost[?params]", ErrInvalidURL, redact.URL(u))
-		}
-	}
-	switch {
-	case c.MaxInFlight < 0:
-		return fmt.Errorf("idemq: PublisherConfig.MaxInFlight %d is negative", c.MaxInFlight)
-	case c.MaxAttempts < 0:
-		return fmt.Errorf("idemq: PublisherConfig.MaxAttempts %d is negative", c.MaxAttempts)
-	case c.Heartbeat < 0:
-		return fmt.Errorf("idemq: PublisherConfig.Heartbeat %v is negative", c.Heartbeat)
-	}
-	return nil
-}
-
-// withDefaults fills the documented defaults.
-func (c PublisherConfig) withDefaults() PublisherConfig {
-	if c.URL == "" && len(c.URLs) == 0 {
-		c.URL = URLFromEnv()
-	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = 4096
-	}
-	if c.Retry.Min <= 0 {
-		c.Retry.Min = 50 * time.Millisecond
-	}
-	if c.Retry.Max <= 0 {
-		c.Retry.Max = 5 * time.Second
-	}
-	if c.Heartbeat == 0 {
-		c.Heartbeat = 10 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.Dial == nil {
-		c.Dial = amqp.DialConfig
-	}
-	return c
 }
 
 // NewPublisher validates cfg ([PublisherConfig.Validate]), fills its
@@ -142,7 +49,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		rec = nopRecorder{}
 	}
 	return &Publisher{cfg: cfg, log: cfg.Logger, rec: rec, sem: make(chan struct{}, cfg.MaxInFlight), semTurn: make(chan struct{}, 1),
-		brokers: newBrokers(cfg.URL, cfg.URLs)}, nil
+		brokers: failover.New(cfg.URL, cfg.URLs)}, nil
 }
 
 // Publish sends msg and returns once the broker has confirmed it. A nack or
@@ -334,13 +241,13 @@ func (p *Publisher) prepare(msg *Message) (*preparedPub, error) {
 		// is dropped here.
 		delete(pub.Headers, HeaderPublishSeq)
 	}
-	size, err := contentHeaderPayloadSize(&pub)
+	size, err := frame.ContentHeaderPayloadSize(&pub)
 	if err != nil {
 		// A property or key over 255 bytes: amqp091-go would fail after
 		// writing the method frame, breaking the connection.
 		return nil, fmt.Errorf("idemq: publish %q: %w: %w", msg.ID, ErrInvalidHeaders, err)
 	}
-	return &preparedPub{msg: msg, pub: pub, frameSize: size + frameOverhead}, nil
+	return &preparedPub{msg: msg, pub: pub, frameSize: size + frame.Overhead}, nil
 }
 
 // fits refuses a message whose content header frame exceeds the
@@ -397,10 +304,34 @@ func (p *Publisher) settle(ctx context.Context, pc *pubChannel, pm *preparedPub,
 	}
 	pm.last = err
 	if errors.Is(err, ErrNacked) {
-		p.retire(pc) // failover.go
+		p.retire(pc)
 	}
 	p.log.Debug("idemq: publish attempt failed; retrying", "message_id", pm.msg.ID, "err", err)
 	return false, nil
+}
+
+// errChannelRetired fails the publishes still awaiting a confirm on a
+// channel the publisher retired after a nack; they are retried on a new
+// one.
+var errChannelRetired = errors.New("idemq: channel retired after a nack")
+
+// retire drops a channel that nacked a publish, and its connection: the
+// next attempt opens new ones. RabbitMQ 3.10 nacks every publish, for as
+// long as the channel lives, on a channel that was publishing to a quorum
+// queue whose leader node died, while a new channel publishes at once
+// (TestFaultClusterLeaderKill saw minutes of nacks after the kill). A nack
+// is rare otherwise (an internal error, a reject-publish overflow), so a
+// new connection for it costs little; the backoff between attempts still
+// applies.
+func (p *Publisher) retire(pc *pubChannel) {
+	p.mu.Lock()
+	if p.cur == pc {
+		p.cur = nil
+		p.rec.Add(CountReconnects, 1)
+	}
+	p.mu.Unlock()
+	_ = pc.conn.Close()
+	pc.fail(errChannelRetired)
 }
 
 // Close closes the connection. Publishes in flight fail with [ErrClosed].
@@ -439,7 +370,7 @@ func (p *Publisher) channel(ctx context.Context) (*pubChannel, error) {
 }
 
 func (p *Publisher) connect(ctx context.Context) (*pubChannel, error) {
-	conn, _, err := p.brokers.dial(p.cfg.Dial, amqp.Config{
+	conn, _, err := p.brokers.Dial(p.cfg.Dial, amqp.Config{
 		Heartbeat:  p.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq publisher"},
@@ -601,7 +532,7 @@ func (pc *pubChannel) send(ctx context.Context, pm *preparedPub) (*pendingPub, e
 	// publishes carry no header of idemq's: a header table costs the
 	// broker about a fifth of its publish rate (docs/BENCHMARKS.md).
 	_, shared := pc.byID[msg.ID]
-	if shared && pc.frameMax > 0 && pm.frameSize+seqHeaderSize(len(pub.Headers)) > pc.frameMax {
+	if shared && pc.frameMax > 0 && pm.frameSize+frame.Int64HeaderSize(HeaderPublishSeq, len(pub.Headers)) > pc.frameMax {
 		// No room for the header: wait (the publisher's backoff) until
 		// the other publish of this ID is confirmed.
 		pc.mu.Unlock()

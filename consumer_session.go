@@ -10,14 +10,16 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/internal/acker"
+	"github.com/idemq/idemq/internal/release"
 )
 
 // One session is one connection's lifetime:
 //
-//	connect    dial, open a channel, set QoS, declare the topology
+//	connect    dial (URL failover), open a channel, set QoS, declare the topology
+//	limits     read the queue's delivery limit and consumer timeout (ManagementURL), again every ManagementRefresh
 //	subscribe  watch the connection, the channel and broker-side cancels, start consuming
 //	workers    the executor (acker + requeuer) and the worker goroutines
-//	release    take the policy's delayed retries from their delay queues when due (release.go)
+//	release    take the policy's delayed retries from their delay queues when due (startRelease)
 //	receive    hand deliveries to the workers until the session ends (the breaker may pause it)
 //	drain      on shutdown: stop consuming, finish what the client already holds
 //	finish     wait for the workers, give back deferred deliveries, flush the acks
@@ -30,8 +32,12 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer conn.Close()
-	if err := c.readDeliveryLimit(ctx, conn); err != nil {
-		return false, err
+	if c.limits != nil {
+		// At every (re)connect: a policy may have changed, and after a
+		// failover another node answers.
+		if err := c.limits.Read(ctx, vhostOf(conn)); err != nil {
+			return false, err
+		}
 	}
 	sub, err := c.subscribe(ctx, conn, ch)
 	if err != nil {
@@ -42,7 +48,9 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 	defer c.consuming.Store(false)
 	rctx, stopRefresh := context.WithCancel(ctx)
 	defer stopRefresh()
-	go c.refreshDeliveryLimit(rctx, conn)
+	if c.limits != nil {
+		go c.limits.Refresh(rctx, vhostOf(conn), c.cfg.ManagementRefresh)
+	}
 	if rel := c.startRelease(ctx, conn); rel != nil {
 		// Stopped before the connection closes: its republishes in
 		// flight finish and ack first.
@@ -75,7 +83,7 @@ func (c *Consumer) session(ctx context.Context) (bool, error) {
 
 // connect dials the broker and prepares a channel: QoS and topology.
 func (c *Consumer) connect(ctx context.Context) (*amqp.Connection, *amqp.Channel, error) {
-	conn, broker, err := c.brokers.dial(c.cfg.Dial, amqp.Config{
+	conn, broker, err := c.brokers.Dial(c.cfg.Dial, amqp.Config{
 		Heartbeat:  c.cfg.Heartbeat,
 		Locale:     "en_US",
 		Properties: amqp.Table{"connection_name": "idemq consumer " + c.cfg.ConsumerTag},
@@ -102,6 +110,14 @@ func (c *Consumer) connect(ctx context.Context) (*amqp.Connection, *amqp.Channel
 	return conn, ch, nil
 }
 
+// vhostOf is the vhost conn is open on.
+func vhostOf(conn *amqp.Connection) string {
+	if conn.Config.Vhost == "" {
+		return "/"
+	}
+	return conn.Config.Vhost
+}
+
 // subscription is what a session listens to.
 type subscription struct {
 	deliveries <-chan amqp.Delivery
@@ -125,15 +141,6 @@ func (c *Consumer) subscribe(ctx context.Context, conn *amqp.Connection, ch *amq
 	}
 	c.log.Debug("idemq: consuming", "tag", c.cfg.ConsumerTag)
 	return s, nil
-}
-
-func (c *Consumer) markReady() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.readyOK {
-		c.readyOK = true
-		close(c.ready)
-	}
 }
 
 // workers are a session's worker goroutines and the executor they share.
@@ -194,7 +201,7 @@ func (w *workers) stop(timeout time.Duration, cancel func()) {
 // back while a dependency is down.
 func (c *Consumer) receive(ctx context.Context, s subscription, w *workers) error {
 	for {
-		in, wake := c.brk.gate(ctx, s.deliveries) // nil while a dependency is down
+		in, wake := c.brk.Gate(ctx, s.deliveries) // nil while a dependency is down
 		select {
 		case <-wake:
 		case <-ctx.Done():
@@ -209,7 +216,7 @@ func (c *Consumer) receive(ctx context.Context, s subscription, w *workers) erro
 			if !ok {
 				return errors.New("delivery stream closed")
 			}
-			c.brk.dispatched()
+			c.brk.Dispatched()
 			if !c.dispatch(w, d) {
 				return errors.New("acker closed")
 			}
@@ -251,8 +258,106 @@ func (c *Consumer) dispatch(w *workers, d amqp.Delivery) bool {
 		c.rec.Add(CountRedelivered, 1)
 	}
 	del := newDelivery(&d, c.cfg.Queue, c.cfg.Group, time.Now())
-	del.QueueDeliveryLimit = int(c.queueLimit.Load())
+	del.QueueDeliveryLimit = c.limits.Limit()
 	c.cfg.ID.Apply(del)
 	w.work <- job{d: d, del: del}
 	return true
+}
+
+// lateRelease is how late a release must be to count as late.
+const lateRelease = time.Second
+
+// startRelease starts releasing the policy's delay queues on conn; nil
+// when there is nothing to release. The caller stops it.
+func (c *Consumer) startRelease(ctx context.Context, conn *amqp.Connection) *release.Releaser {
+	send, dqs := DelayQueuesOf(c.policy, c.cfg.Queue)
+	if c.cfg.Release.Disabled {
+		if send != nil && len(dqs) > 0 && c.releaseWarned.CompareAndSwap(false, true) {
+			c.log.Warn("idemq: Release.Disabled: this consumer does not release its delay queues; with the default retry queues (no TTL) delayed retries wait until a consumer that does runs",
+				"delay_queues", len(dqs))
+		}
+		return nil
+	}
+	if send == nil || len(dqs) == 0 {
+		return nil
+	}
+	qs := make([]release.Queue, len(dqs))
+	for i, q := range dqs {
+		qs[i] = release.Queue{Name: q.Name, Delay: q.Delay}
+	}
+	var hold time.Duration
+	if c.cfg.ConsumerTimeout > 0 {
+		hold = c.cfg.ConsumerTimeout - c.cfg.ConsumerTimeoutMargin
+	}
+	work := c.cfg.Queue
+	// Not cancelled with Run's context: Stop (at the session's end, after
+	// the work queue drained) stops it, letting republishes in flight
+	// finish and ack for up to ShutdownTimeout.
+	r, err := release.Start(context.WithoutCancel(ctx), conn, release.Config{
+		Queues:     qs,
+		DueHeader:  HeaderDue,
+		Prefetch:   c.cfg.Release.Prefetch,
+		Publishers: c.cfg.Release.Publishers,
+		HoldLimit:  hold,
+		Tag:        c.cfg.ConsumerTag,
+		Logger:     c.log,
+		Publish: func(ctx context.Context, d *amqp.Delivery) error {
+			return send.Publish(ctx, released(d, work))
+		},
+		Released: func(late time.Duration) {
+			c.rec.Add(CountReleased, 1)
+			if late > lateRelease {
+				c.rec.Add(CountReleasedLate, 1)
+			}
+		},
+		Failed: func(error) { c.rec.Add(CountReleaseFailed, 1) },
+	})
+	if err != nil { // only a programming error: Publish and DueHeader are set
+		c.log.Error("idemq: cannot release delay queues", "err", err)
+		return nil
+	}
+	return r
+}
+
+// released is the message that hands d, taken from a delay queue, back to
+// the work queue: the same ID, body and properties, without the due time
+// and the broker's delivery count.
+func released(d *amqp.Delivery, queue string) Message {
+	h := make(amqp.Table, len(d.Headers))
+	for k, v := range d.Headers {
+		h[k] = v
+	}
+	delete(h, HeaderDue)
+	delete(h, HeaderDeliveryCount)
+	delete(h, HeaderPublishSeq)
+	id := d.MessageId
+	if err := ValidateID(id); err != nil {
+		// Not parked by idemq (its retries keep a valid ID): handed back
+		// under a fresh ID, marked so the failure policy dead-letters it
+		// before any handler runs, with the original ID recorded.
+		reason := ReasonInvalidID
+		if id == "" {
+			reason = ReasonMissingID
+		} else {
+			h[HeaderOriginalMessageID] = truncateID(id)
+		}
+		id = NewMessageID()
+		h[HeaderDeadLetterHeld] = reason
+		h[HeaderQueue] = queue
+		if _, ok := h[HeaderRequeues]; !ok {
+			h[HeaderRequeues] = int64(1) // with HeaderQueue: idemq's own path
+		}
+	}
+	m := MessageOf(d, "", queue, h)
+	m.ID = id
+	return m
+}
+
+// truncateID bounds an invalid ID kept in a header.
+func truncateID(id string) string {
+	const limit = 512
+	if len(id) <= limit {
+		return id
+	}
+	return id[:limit]
 }

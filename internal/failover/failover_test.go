@@ -1,4 +1,4 @@
-package idemq
+package failover
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 // A pass over the brokers is shuffled (every URL comes first in some pass)
 // and the URL last connected to is tried last.
 func TestBrokersOrder(t *testing.T) {
-	b := newBrokers("amqp://a/", []string{"amqp://b/", "amqp://a/", " ", "amqp://c/"})
+	b := New("amqp://a/", []string{"amqp://b/", "amqp://a/", " ", "amqp://c/"})
 	if got := len(b.urls); got != 3 {
 		t.Fatalf("urls = %v, want a, b, c once each", b.urls)
 	}
@@ -30,7 +30,7 @@ func TestBrokersOrder(t *testing.T) {
 			t.Fatalf("order = %v, want the last connected URL last", o)
 		}
 	}
-	one := newBrokers("amqp://only/", nil)
+	one := New("amqp://only/", nil)
 	one.last = "amqp://only/"
 	if o := one.order(); len(o) != 1 || o[0] != "amqp://only/" {
 		t.Fatalf("order = %v", o)

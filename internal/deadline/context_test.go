@@ -1,10 +1,8 @@
-package idemq
+package deadline
 
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"math"
 	"sync"
 	"testing"
 	"time"
@@ -14,8 +12,8 @@ type ctxKey struct{}
 
 // newHandlerContext is a handler context as the deadline middleware makes
 // it, limit from now.
-func newHandlerContext(parent context.Context, limit time.Duration) *handlerContext {
-	return &handlerContext{parent: parent, at: time.Now().Add(limit), limit: limit}
+func newHandlerContext(parent context.Context, limit time.Duration) *Context {
+	return New(parent, time.Now().Add(limit), limit)
 }
 
 // waitDone waits for ctx to be done, failing the test after a deadline.
@@ -36,9 +34,9 @@ func TestHandlerContextSemantics(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// wait brings the context to its deadline by the route under test.
-		wait func(t *testing.T, ctx *handlerContext)
+		wait func(t *testing.T, ctx *Context)
 	}{
-		{"err-polled", func(t *testing.T, ctx *handlerContext) {
+		{"err-polled", func(t *testing.T, ctx *Context) {
 			deadline := time.Now().Add(10 * time.Second)
 			for ctx.Err() == nil {
 				if time.Now().After(deadline) {
@@ -47,8 +45,8 @@ func TestHandlerContextSemantics(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 		}},
-		{"done", func(t *testing.T, ctx *handlerContext) { waitDone(t, ctx, "Done") }},
-		{"child", func(t *testing.T, ctx *handlerContext) {
+		{"done", func(t *testing.T, ctx *Context) { waitDone(t, ctx, "Done") }},
+		{"child", func(t *testing.T, ctx *Context) {
 			child, cancel := context.WithCancel(ctx)
 			defer cancel()
 			waitDone(t, child, "a child of the handler context")
@@ -56,7 +54,7 @@ func TestHandlerContextSemantics(t *testing.T) {
 				t.Fatalf("child's cause %v, want ErrHandlerTimeout", context.Cause(child))
 			}
 		}},
-		{"cause-first", func(t *testing.T, ctx *handlerContext) {
+		{"cause-first", func(t *testing.T, ctx *Context) {
 			// Nobody asked before the deadline: the first question
 			// after it is Cause.
 			for d := time.Until(ctx.at); d > 0; d = time.Until(ctx.at) {
@@ -77,7 +75,7 @@ func TestHandlerContextSemantics(t *testing.T) {
 			if !errors.Is(context.Cause(ctx), ErrHandlerTimeout) {
 				t.Fatalf("Cause = %v, want ErrHandlerTimeout", context.Cause(ctx))
 			}
-			var hte handlerTimeoutCause
+			var hte cause
 			if !errors.As(context.Cause(ctx), &hte) || time.Duration(hte) != limit {
 				t.Fatalf("Cause = %v, want the limit %v in it", context.Cause(ctx), limit)
 			}
@@ -88,7 +86,7 @@ func TestHandlerContextSemantics(t *testing.T) {
 			if ctx.Value(ctxKey{}) != "v" {
 				t.Fatal("the parent's values are lost after the deadline")
 			}
-			ctx.end()
+			ctx.End()
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				t.Fatalf("Err after end = %v, want DeadlineExceeded still", ctx.Err())
 			}
@@ -108,7 +106,7 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatalf("asked=%v: Err %v before end", asked, ctx.Err())
 		}
-		ctx.end()
+		ctx.End()
 		waitDone(t, ctx, "Done after end")
 		if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(context.Cause(ctx), context.Canceled) {
 			t.Fatalf("asked=%v: after end Err %v, Cause %v; want Canceled", asked, ctx.Err(), context.Cause(ctx))
@@ -122,7 +120,7 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 	for _, route := range []string{"err", "cause", "child", "parent-after"} {
 		parent, cancel := context.WithCancelCause(context.Background())
 		ctx := newHandlerContext(parent, 20*time.Millisecond)
-		ctx.end()
+		ctx.End()
 		for d := time.Until(ctx.at); d > 0; d = time.Until(ctx.at) {
 			time.Sleep(d)
 		}
@@ -167,7 +165,7 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 			_ = ctx.Done()
 		}
 		if tc.end {
-			ctx.end()
+			ctx.End()
 		} else {
 			waitDone(t, ctx, tc.name)
 		}
@@ -177,7 +175,7 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 			t.Fatalf("%s: Err %v, then %v after the parent's deadline, Cause %v; want %v throughout, cause %v",
 				tc.name, first, got, context.Cause(ctx), tc.want, tc.wantCause)
 		}
-		ctx.end()
+		ctx.End()
 		cancel()
 	}
 
@@ -193,7 +191,7 @@ func TestHandlerContextEndAndParent(t *testing.T) {
 		if !errors.Is(ctx.Err(), context.Canceled) || !errors.Is(context.Cause(ctx), errShutdown) {
 			t.Fatalf("asked=%v: Err %v, Cause %v; want Canceled, the parent's cause", asked, ctx.Err(), context.Cause(ctx))
 		}
-		ctx.end()
+		ctx.End()
 	}
 
 	early := time.Now().Add(time.Minute)
@@ -232,89 +230,16 @@ func TestHandlerContextConcurrent(t *testing.T) {
 			}()
 		}
 		if i%2 == 0 {
-			ctx.end()
+			ctx.End()
 		}
 		wg.Wait()
-		ctx.end()
+		ctx.End()
 		waitDone(t, ctx, "Done after end")
 		if ctx.Err() == nil || context.Cause(ctx) == nil {
 			t.Fatalf("after end: Err %v, Cause %v", ctx.Err(), context.Cause(ctx))
 		}
 		if l := ctx.live.Load(); l != nil && l.ctx.Err() == nil {
 			t.Fatal("the timer context outlives the handler")
-		}
-	}
-}
-
-// The deadline costs one allocation per delivery for a handler that never
-// waits on its context (it was five: a timer context, its timer, its cause
-// and the wrapper asking the parent).
-func TestHandlerDeadlineAllocations(t *testing.T) {
-	c := &Consumer{cfg: ConsumerConfig{HandlerTimeout: time.Minute}.withDefaults(), log: slog.New(slog.DiscardHandler)}
-	h := c.deadline(HandlerFunc(func(ctx context.Context, d *Delivery) error {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		_, _ = ctx.Deadline()
-		return nil
-	}))
-	parent, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	d := &Delivery{ReceivedAt: time.Now()}
-	// AllocsPerRun counts the whole process's allocations: the fewest of
-	// three runs, so that goroutines left by other tests do not count.
-	allocs := math.Inf(1)
-	for range 3 {
-		allocs = min(allocs, testing.AllocsPerRun(1000, func() {
-			if err := h.Handle(parent, d); err != nil {
-				t.Fatal(err)
-			}
-		}))
-	}
-	if allocs > 1 {
-		t.Fatalf("%.1f allocations per delivery for the handler deadline, want ≤ 1", allocs)
-	}
-}
-
-// The handler deadline around a handler that does not wait on its
-// context, with 4 goroutines per core sharing the parent (as a consumer's do).
-func BenchmarkHandlerDeadline(b *testing.B) {
-	c := &Consumer{cfg: ConsumerConfig{}.withDefaults(), log: slog.New(slog.DiscardHandler)}
-	h := c.deadline(HandlerFunc(func(ctx context.Context, d *Delivery) error { return ctx.Err() }))
-	parent, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b.ReportAllocs()
-	b.SetParallelism(4)
-	b.RunParallel(func(pb *testing.PB) {
-		d := &Delivery{ReceivedAt: time.Now()}
-		for pb.Next() {
-			if err := h.Handle(parent, d); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-}
-
-// A handler that fails before its deadline fails with its own error, not
-// a timeout: the failure policy dead-letters a poison message instead of
-// requeueing it as cut at the consumer timeout. (The lazy context first
-// read its Err after ending it, and every failure became a timeout.)
-func TestHandlerFailureIsNotATimeout(t *testing.T) {
-	errPlain := errors.New("plain failure")
-	for _, cfg := range []ConsumerConfig{
-		{},                          // the ConsumerTimeout bound only (the default)
-		{HandlerTimeout: time.Hour}, // a HandlerTimeout of its own
-	} {
-		c := &Consumer{cfg: cfg.withDefaults(), log: slog.New(slog.DiscardHandler)}
-		h := c.deadline(HandlerFunc(func(ctx context.Context, d *Delivery) error { return errPlain }))
-		rec := &Counters{}
-		err := h.Handle(WithRecorder(context.Background(), rec), &Delivery{ReceivedAt: time.Now()})
-		var hte *HandlerTimeoutError
-		if err != errPlain || errors.As(err, &hte) || errors.Is(err, ErrHandlerTimeout) {
-			t.Fatalf("HandlerTimeout %v: a failed handler returned %v, want its own error unchanged", cfg.HandlerTimeout, err)
-		}
-		if n := rec.Get(CountHandlerTimeouts); n != 0 {
-			t.Fatalf("HandlerTimeout %v: %d handler timeouts counted for a plain failure", cfg.HandlerTimeout, n)
 		}
 	}
 }

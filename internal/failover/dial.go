@@ -1,12 +1,18 @@
-package idemq
+package failover
 
 import (
+	"errors"
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq/internal/redact"
 )
+
+// ErrInvalidURL is matched (errors.Is) by the error of a broker URL that
+// does not parse (idemq.ErrInvalidURL is this error). The URL is named
+// redacted, never with its password.
+var ErrInvalidURL = errors.New("idemq: invalid AMQP URL")
 
 // dialRedacted connects to rawURL with dial (a Config.Dial) and keeps the
 // URL's password out of the error it returns, which the consumer and the

@@ -1,4 +1,9 @@
-package idemq
+// Package frame sizes AMQP 0-9-1 content header frames as amqp091-go
+// encodes them, so that the publisher can refuse a message that would not
+// fit the connection's frame_max, or that amqp091-go would fail to encode,
+// before it writes anything (a failed encode after the method frame
+// leaves the connection's stream broken).
+package frame
 
 import (
 	"fmt"
@@ -7,12 +12,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// AMQP 0-9-1 framing: every frame is a 7-byte header (type, channel,
-// payload size), the payload, and a frame-end octet. frame_max bounds the
-// whole frame.
-const frameOverhead = 7 + 1
+// Overhead is what a frame adds to its payload in AMQP 0-9-1: a 7-byte
+// header (type, channel, payload size) and a frame-end octet. frame_max
+// bounds the whole frame.
+const Overhead = 7 + 1
 
-// contentHeaderPayloadSize returns the payload size in bytes of the content
+// ContentHeaderPayloadSize returns the payload size in bytes of the content
 // header frame amqp091-go writes for pub: class-id, weight, body size and
 // property flags (14 bytes), then each property that is set. It follows
 // amqp091-go's encoder (write.go: headerFrame.write, writeField,
@@ -21,7 +26,7 @@ const frameOverhead = 7 + 1
 // type AMQP cannot carry. amqp091-go reports those only after it has
 // written the publish method frame, which leaves the connection's stream
 // broken; checking first keeps it healthy.
-func contentHeaderPayloadSize(pub *amqp.Publishing) (int, error) {
+func ContentHeaderPayloadSize(pub *amqp.Publishing) (int, error) {
 	n := 2 + 2 + 8 + 2
 	short := func(name, s string) error {
 		if s == "" {
@@ -136,12 +141,13 @@ func fieldSize(v any) (int, error) {
 	return 0, fmt.Errorf("value of type %T: %w", v, amqp.ErrFieldType)
 }
 
-// seqHeaderSize is what HeaderPublishSeq (an int64) adds to a content
-// header payload whose table holds n other headers: the entry, and the
-// table's length word when the table would otherwise be empty (not sent).
-func seqHeaderSize(n int) int {
-	size := 1 + len(HeaderPublishSeq) + 9
-	if n == 0 {
+// Int64HeaderSize is what a header key with an int64 value adds to a
+// content header payload whose table holds others other headers: the
+// entry, and the table's length word when the table would otherwise be
+// empty (an empty table is not sent).
+func Int64HeaderSize(key string, others int) int {
+	size := 1 + len(key) + 9
+	if others == 0 {
 		size += 4
 	}
 	return size

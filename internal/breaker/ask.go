@@ -1,8 +1,7 @@
-package idemq
+package breaker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,18 +9,17 @@ import (
 
 // Deciding an outage by asking the dependency.
 //
-// A failed run whose error does not say what it is — not a duplicate, not
-// permanent or rejected, not a deferral, not already a dependency outage —
-// may still be an outage in a shape nobody listed: a server-side refusal
+// A failed run whose error does not say what it is (Config.Askable) may
+// still be an outage in a shape nobody listed: a server-side refusal
 // (PostgreSQL 55000 / 57P03 / 53300, Redis LOADING or READONLY, MariaDB
 // 1040), a proxy's error, a stall that ends in a deadline. Before the
 // failure policy counts it as an attempt, the consumer asks the
 // dependencies themselves: it runs the breaker's probes with a short
 // deadline (AskTimeout). A probe that fails or does not answer in time
-// makes the failure an outage ([*UnavailableError], dependency "probe"):
-// the breaker opens, the delivery goes back uncounted. Probes that pass
-// leave it the message's own failure. Concurrent failures share one probe
-// run, and its answer is reused for AskReuse.
+// makes the failure an outage (Config.Outage): the breaker opens, the
+// delivery goes back uncounted. Probes that pass leave it the message's
+// own failure. Concurrent failures share one probe run, and its answer is
+// reused for AskReuse.
 
 // askState shares one probe run between concurrent failed runs.
 type askState struct {
@@ -31,11 +29,12 @@ type askState struct {
 	err     error         // the last answer (nil: every probe passed)
 }
 
-// ask returns err, or err as an outage when the probes say a dependency
-// is down. ctx is the worker's context: a run that ended because the
-// consumer stops is not asked about.
-func (b *breaker) ask(ctx context.Context, err error) error {
-	if err == nil || b.cfg.Disabled || len(b.cfg.Probes) == 0 || b.cfg.AskTimeout < 0 || !askable(err) {
+// Ask returns err, or err as an outage (Config.Outage) when the probes
+// say a dependency is down. ctx is the worker's context: a run that ended
+// because the consumer stops is not asked about.
+func (b *Breaker) Ask(ctx context.Context, err error) error {
+	if err == nil || b.cfg.Disabled || len(b.cfg.Probes) == 0 || b.cfg.AskTimeout < 0 ||
+		b.cfg.Askable == nil || !b.cfg.Askable(err) {
 		return err
 	}
 	if ctx.Err() != nil {
@@ -43,32 +42,17 @@ func (b *breaker) ask(ctx context.Context, err error) error {
 		// stops or its channel is gone, not the dependency's question.
 		return err
 	}
-	perr := b.askProbes()
+	perr := b.AskProbes()
 	if perr == nil {
 		return err
 	}
-	b.rec.Add(CountProbedOutages, 1)
-	return &UnavailableError{Dependency: "probe", Err: fmt.Errorf("%w (asked, a probe failed too: %v)", err, perr)}
+	return b.cfg.Outage(err, perr)
 }
 
-// askable says whether a failed run's error leaves open whether a
-// dependency is down.
-func askable(err error) bool {
-	var rq *RequeueError
-	var rj *RejectError
-	var pe *PanicError
-	switch {
-	case IsDuplicate(err), IsUnavailable(err), IsPermanent(err):
-		return false
-	case errors.As(err, &rq), errors.As(err, &rj), errors.As(err, &pe):
-		return false
-	}
-	return true
-}
-
-// askProbes runs the probes once for every caller waiting at the same
-// time, and reuses an answer younger than AskReuse.
-func (b *breaker) askProbes() error {
+// AskProbes runs the probes once for every caller waiting at the same
+// time, and reuses an answer younger than AskReuse. nil: every probe
+// passed within AskTimeout.
+func (b *Breaker) AskProbes() error {
 	a := &b.asked
 	a.mu.Lock()
 	if !a.at.IsZero() && time.Since(a.at) < b.cfg.AskReuse {

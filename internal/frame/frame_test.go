@@ -1,4 +1,4 @@
-package idemq
+package frame_test
 
 import (
 	"bytes"
@@ -13,6 +13,9 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/frame"
 )
 
 // wireCapture is an amqp091-go channel talking to a scripted peer over an
@@ -185,7 +188,7 @@ func TestContentHeaderPayloadSizeMatchesAMQP091(t *testing.T) {
 			"x-idemq-attempt": int64(3), "x-idemq-error": strings.Repeat("e", 1024), "x-idemq-error-class": "handler-error",
 			"x-idemq-first-failure": "2024-05-06T07:08:09.123Z", "x-idemq-last-failure": "2024-05-06T07:08:10.456Z",
 			"x-idemq-original-exchange": "", "x-idemq-original-routing-key": "transfers", "x-idemq-group": "bank",
-			"x-idemq-queue": "transfers", HeaderPublishSeq: int64(99),
+			"x-idemq-queue": "transfers", idemq.HeaderPublishSeq: int64(99),
 		}}},
 		{name: "large string header", pub: amqp.Publishing{Headers: amqp.Table{"big": strings.Repeat("b", 200_000)}}},
 		{name: "256-byte property", pub: amqp.Publishing{CorrelationId: long + "s"}, wantErr: true},
@@ -197,7 +200,7 @@ func TestContentHeaderPayloadSizeMatchesAMQP091(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, gotErr := contentHeaderPayloadSize(&tc.pub)
+			got, gotErr := frame.ContentHeaderPayloadSize(&tc.pub)
 			if tc.wantErr {
 				if gotErr == nil {
 					t.Fatalf("computed %d bytes, want an error", got)
@@ -220,11 +223,11 @@ func TestContentHeaderPayloadSizeMatchesAMQP091(t *testing.T) {
 			if got != want {
 				t.Fatalf("computed %d bytes, amqp091-go wrote %d", got, want)
 			}
-			// What HeaderPublishSeq adds when send sets it.
+			// What idemq.HeaderPublishSeq adds when send sets it.
 			bare, tagged := tc.pub, tc.pub
-			bare.Headers, tagged.Headers = amqp.Table{}, amqp.Table{HeaderPublishSeq: int64(1 << 40)}
+			bare.Headers, tagged.Headers = amqp.Table{}, amqp.Table{idemq.HeaderPublishSeq: int64(1 << 40)}
 			for k, v := range tc.pub.Headers {
-				if k != HeaderPublishSeq {
+				if k != idemq.HeaderPublishSeq {
 					bare.Headers[k], tagged.Headers[k] = v, v
 				}
 			}
@@ -233,8 +236,8 @@ func TestContentHeaderPayloadSizeMatchesAMQP091(t *testing.T) {
 			if err1 != nil || err2 != nil {
 				t.Fatalf("amqp091-go: %v, %v", err1, err2)
 			}
-			if d := seqHeaderSize(len(bare.Headers)); with-without != d {
-				t.Fatalf("%s adds %d bytes, seqHeaderSize says %d", HeaderPublishSeq, with-without, d)
+			if d := frame.Int64HeaderSize(idemq.HeaderPublishSeq, len(bare.Headers)); with-without != d {
+				t.Fatalf("%s adds %d bytes, Int64HeaderSize says %d", idemq.HeaderPublishSeq, with-without, d)
 			}
 		})
 	}
@@ -263,7 +266,7 @@ func FuzzContentHeaderPayloadSize(f *testing.F) {
 		if d.byte()%2 == 1 {
 			pub.Timestamp = time.Unix(int64(d.u32()), 0)
 		}
-		got, err := contentHeaderPayloadSize(&pub)
+		got, err := frame.ContentHeaderPayloadSize(&pub)
 		if err != nil {
 			t.Fatalf("computation refused an encodable message: %v", err)
 		}
@@ -377,11 +380,11 @@ func BenchmarkContentHeaderPayloadSize(b *testing.B) {
 			"x-idemq-first-failure": "2024-05-06T07:08:09.123Z", "x-idemq-last-failure": "2024-05-06T07:08:10.456Z",
 			"x-idemq-original-exchange": "", "x-idemq-original-routing-key": "transfers", "x-idemq-group": "bank",
 			"x-idemq-queue": "transfers", "x-idemq-reason": "max-attempts", "x-idemq-dead-lettered-at": "2024-05-06T07:08:10.456Z",
-			"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", HeaderPublishSeq: int64(99),
+			"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", idemq.HeaderPublishSeq: int64(99),
 		}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := contentHeaderPayloadSize(&pub); err != nil {
+		if _, err := frame.ContentHeaderPayloadSize(&pub); err != nil {
 			b.Fatal(err)
 		}
 	}
