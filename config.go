@@ -178,6 +178,13 @@ type ConsumerConfig struct {
 	// roots, a proxy). Default: net/http's client with a 10 s timeout per
 	// request.
 	ManagementClient *http.Client
+
+	// AtStart, when set, runs once in the background when Run starts,
+	// with a context that ends when Run returns; Run does not wait for it.
+	// For checks of the deployment that log what they find:
+	// doctor.AtStart(logger, doctor.Config{...}) checks the queues, the
+	// stores and the horizons this consumer relies on. Default nil.
+	AtStart func(ctx context.Context)
 }
 
 // withDefaults returns c with every unset field at its default.

@@ -151,6 +151,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	go c.watch.Run(wctx)
 	defer stopWatch()
+	if c.cfg.AtStart != nil {
+		sctx, stopStart := context.WithCancel(ctx)
+		defer stopStart()
+		go c.cfg.AtStart(sctx)
+	}
 
 	failures := 0
 	start := time.Now()
