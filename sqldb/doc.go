@@ -28,6 +28,18 @@
 // inbox handler receives the driver's own transaction (pgx.Tx or *sql.Tx):
 // wrap it as above to pass it on.
 //
+// # Statements
+//
+// Every statement idemq runs is a template compiled once per dialect by
+// [Dialect.Compile]: {table} and the other variables are quoted names or
+// the dialect's expressions ({now}, {ts}, {skip_locked}), @name a bind
+// parameter (? or $n). Where the dialects differ, the template is built
+// from the [Dialect]'s capabilities — its upsert form, RETURNING, arrays,
+// its locking clause, its clock expressions, [Dialect.LimitedDelete] for
+// a DELETE of at most n rows, [Repeat] and [List] for a list of
+// parameters — never from its name; only the DDL of migrations is written
+// per dialect name.
+//
 // # Identifiers
 //
 // Every table name idemq takes follows one rule ([CheckTable]): "name" or
