@@ -13,6 +13,9 @@
 //	sqldb/mysql     MySQL and MariaDB (InnoDB): mysql.Std(*sql.DB) through go-sql-driver/mysql
 //	sqldb/sqlite    SQLite: sqlite.Std(*sql.DB) through modernc.org/sqlite (no cgo)
 //
+// A tool that takes any database as one URL or DSN (the idemq command)
+// resolves and opens it with sqldb/dburl, which brings all three.
+//
 // # Handing idemq a transaction
 //
 // Where idemq runs statements inside your transaction (outbox Store.Add,
