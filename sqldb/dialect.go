@@ -21,9 +21,9 @@ const (
 // Dialect is the SQL one database speaks. The dialect packages (sqldb/postgres,
 // sqldb/mysql, sqldb/sqlite) fill it in; applications only pass it along.
 type Dialect struct {
-	// Name is [Postgres], [MySQL] or [SQLite]: for messages and the
-	// per-dialect statements of migrations ([Migration.Up]). Statements
-	// differ by the capabilities below, never by the name.
+	// Name is [Postgres], [MySQL] or [SQLite]: for messages, and for the
+	// DDL written per dialect (migrations, [Migration.Up]). Other
+	// statements differ by the capabilities below, never by the name.
 	Name string
 	// Dollar: bind parameters are $1, $2, … (PostgreSQL); otherwise ?.
 	Dollar bool
