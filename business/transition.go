@@ -31,7 +31,7 @@ func (e *TransitionError) Error() string {
 // [NewMachine]; it is immutable and safe for concurrent use.
 type Machine struct {
 	table               string
-	update, selectState string
+	update, selectState sqldb.Stmt
 }
 
 // NewMachine validates and quotes the identifiers for dialect d
@@ -39,8 +39,7 @@ type Machine struct {
 // identifier rule of [sqldb.Dialect.CheckTable]), its key column and its
 // state column ([sqldb.CheckColumn]).
 func NewMachine(d *sqldb.Dialect, table, idColumn, stateColumn string) (*Machine, error) {
-	qt, err := d.QuoteTable(table)
-	if err != nil {
+	if err := d.CheckTable(table); err != nil {
 		return nil, err
 	}
 	if err := sqldb.CheckColumn(idColumn); err != nil {
@@ -49,13 +48,17 @@ func NewMachine(d *sqldb.Dialect, table, idColumn, stateColumn string) (*Machine
 	if err := sqldb.CheckColumn(stateColumn); err != nil {
 		return nil, err
 	}
-	qid, qs := d.Quote(idColumn), d.Quote(stateColumn)
-	p := d.Placeholder
-	return &Machine{
-		table:       table,
-		update:      "UPDATE " + qt + " SET " + qs + " = " + p(1) + " WHERE " + qid + " = " + p(2) + " AND " + qs + " = " + p(3),
-		selectState: "SELECT " + qs + " FROM " + qt + " WHERE " + qid + " = " + p(1),
-	}, nil
+	vars := d.TableVars(table)
+	vars["id"], vars["state"] = d.Quote(idColumn), d.Quote(stateColumn)
+	update, err := d.Compile("UPDATE {table} SET {state} = @to WHERE {id} = @id AND {state} = @from", vars, "to", "id", "from")
+	if err != nil {
+		return nil, err
+	}
+	selectState, err := d.Compile("SELECT {state} FROM {table} WHERE {id} = @id", vars, "id")
+	if err != nil {
+		return nil, err
+	}
+	return &Machine{table: table, update: update, selectState: selectState}, nil
 }
 
 // Transition sets the state of row id to `to` only if it is `from`
@@ -70,7 +73,7 @@ func NewMachine(d *sqldb.Dialect, table, idColumn, stateColumn string) (*Machine
 // and the inbox row commit together. Under READ COMMITTED a concurrent transition of the
 // same row waits on its lock and then sees the committed state.
 func (m *Machine) Transition(ctx context.Context, q sqldb.Querier, id any, from, to string) error {
-	n, err := q.Exec(ctx, m.update, to, id, from)
+	n, err := q.Exec(ctx, m.update.SQL, m.update.Args(to, id, from)...)
 	if err != nil {
 		return fmt.Errorf("business: transition %s %v %q→%q: %w", m.table, id, from, to, err)
 	}
@@ -78,7 +81,7 @@ func (m *Machine) Transition(ctx context.Context, q sqldb.Querier, id any, from,
 		return nil
 	}
 	var current string
-	if err := q.QueryRow(ctx, m.selectState, id).Scan(&current); err != nil {
+	if err := q.QueryRow(ctx, m.selectState.SQL, m.selectState.Args(id)...).Scan(&current); err != nil {
 		if errors.Is(err, sqldb.ErrNoRows) {
 			return fmt.Errorf("%w: %s %v", ErrNotFound, m.table, id)
 		}

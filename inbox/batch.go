@@ -78,8 +78,6 @@ type Batcher[T any] struct {
 	// suggested is the Concurrency taken from SuggestWorkers when
 	// cfg.Concurrency is 0.
 	suggested atomic.Int64
-
-	sql sync.Map // int (rows<<1 | returning) → the fast path's multi-row INSERT
 }
 
 type batchItem struct {
@@ -364,8 +362,12 @@ func (b *Batcher[T]) runFast(ctx context.Context, items []*batchItem) error {
 // marks dup the items whose row was already there. Without INSERT ...
 // RETURNING it returns errSomeExist unless every row was inserted.
 func (b *Batcher[T]) insertRows(ctx context.Context, tx sqldb.Tx, items []*batchItem) error {
-	returning := b.ib.st.returning != ""
-	array := b.ib.st.insertArray != ""
+	st := &b.ib.st
+	rows, returning := st.rows, st.rowsReturning != nil
+	if returning {
+		rows = st.rowsReturning
+	}
+	array := st.insertArray != nil
 	now := b.ib.d.Time(b.ib.cfg.Now())
 	var args []any
 	var idList []string
@@ -385,13 +387,17 @@ func (b *Batcher[T]) insertRows(ctx context.Context, tx sqldb.Tx, items []*batch
 			for _, it := range chunk {
 				idList = append(idList, it.id)
 			}
-			q, args = b.ib.st.insertArray, []any{chunk[0].group, idList, now}
+			q, args = st.insertArray.SQL, st.insertArray.Args(chunk[0].group, idList, now)
 		} else {
 			args = args[:0]
 			for _, it := range chunk {
 				args = append(args, it.group, it.id, now)
 			}
-			q = b.insertSQL(n, returning)
+			stmt, err := rows.Stmt(n)
+			if err != nil {
+				return fmt.Errorf("inbox: insert rows: %w", err)
+			}
+			q, args = stmt.SQL, stmt.Args(args...)
 		}
 		if !returning {
 			got, err := tx.Exec(ctx, q, args...)
@@ -424,20 +430,6 @@ func (b *Batcher[T]) insertRows(ctx context.Context, tx sqldb.Tx, items []*batch
 		}
 	}
 	return nil
-}
-
-// insertSQL returns (and caches) the multi-row INSERT of n rows.
-func (b *Batcher[T]) insertSQL(n int, returning bool) string {
-	key := n << 1
-	if returning {
-		key |= 1
-	}
-	if q, ok := b.sql.Load(key); ok {
-		return q.(string)
-	}
-	q := b.ib.st.insertRows(b.ib.d, n, returning)
-	b.sql.Store(key, q)
-	return q
 }
 
 // runSavepoints runs the batch in one transaction with a savepoint per

@@ -177,7 +177,7 @@ func (ib *Inbox[T]) key(d *idemq.Delivery) (group, id string, err error) {
 // Only a duplicate key means that: any other refusal of the row (a value
 // too long for a user-managed column, a CHECK constraint, ...) is an error.
 func (ib *Inbox[T]) insert(ctx context.Context, tx sqldb.Tx, group, id string) (bool, error) {
-	n, err := tx.Exec(ctx, ib.st.insert, group, id, ib.d.Time(ib.cfg.Now()))
+	n, err := tx.Exec(ctx, ib.st.insert.SQL, ib.st.insert.Args(group, id, ib.d.Time(ib.cfg.Now()))...)
 	if err != nil {
 		if ib.isDuplicate(err) {
 			return false, nil

@@ -40,7 +40,7 @@ func (ib *Inbox[T]) purgeOnce(ctx context.Context, cutoff any, batch int) (int64
 	if err != nil {
 		return 0, fmt.Errorf("inbox: purge: begin: %w", err)
 	}
-	n, err := tx.Exec(ctx, ib.st.purge, cutoff, batch)
+	n, err := tx.Exec(ctx, ib.st.purge.SQL, ib.st.purge.Args(cutoff, batch)...)
 	if err != nil {
 		_ = sqldb.Rollback(ctx, tx)
 		return 0, fmt.Errorf("inbox: purge: %w", err)

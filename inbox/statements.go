@@ -1,8 +1,8 @@
 package inbox
 
 import (
+	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/idemq/idemq/sqldb"
 )
@@ -39,44 +39,55 @@ func Schema(table string) sqldb.Schema {
 	}}
 }
 
-// statements is the SQL an Inbox runs, built once per table.
+// statements is the SQL an Inbox runs, compiled once per table.
 type statements struct {
-	insert string
-	purge  string
+	// insert writes one row: @group, @id, @at.
+	insert sqldb.Stmt
+	// purge deletes at most @batch rows received before @cutoff.
+	purge sqldb.Stmt
 
-	// The batch inbox's multi-row insert: insertHead, then one
-	// "(group, id, received_at)" tuple of placeholders per row, then
-	// insertTail. returning, when not empty, is appended to make the
-	// statement return the message_id of each row it inserted (PostgreSQL
-	// and SQLite; MySQL has no INSERT ... RETURNING).
-	insertHead, insertTail, returning string
+	// rows and rowsReturning are the batch inbox's multi-row insert of n
+	// rows (@group<i>, @id<i>, @at<i>), the latter returning the
+	// message_id of each row it inserted (nil without RETURNING).
+	rows, rowsReturning *sqldb.List
 
-	// insertArray, when not empty, is the batch inbox's insert of one
-	// group's rows as one statement whatever their number (PostgreSQL):
-	// $1 the group, $2 the message IDs as a text[], $3 received_at; it
+	// insertArray, when not nil, is the batch inbox's insert of one
+	// group's rows as one statement whatever their number (a dialect with
+	// arrays): @group, @ids (the message IDs as one array), @at; it
 	// returns the message_id of each row it inserted. One statement text
 	// for every batch size, so the driver prepares it once per connection
 	// (a VALUES list per row count would be prepared again for each new
 	// count: an extra round trip and a plan of up to 1500 parameters).
-	insertArray string
+	insertArray *sqldb.Stmt
 
 	// dupIsError: insert and the multi-row insert fail on an existing row
-	// (MySQL) instead of skipping it; the dialect's DuplicateKey tells that
-	// failure from any other.
+	// (a dialect without ON CONFLICT DO NOTHING: MySQL) instead of skipping
+	// it; the dialect's DuplicateKey tells that failure from any other.
 	dupIsError bool
 }
 
+const insertHead = "INSERT INTO {table} (group_name, message_id, received_at) "
+
+// purgeRows is the purge: at most @batch rows received before @cutoff.
+var purgeRows = sqldb.LimitedDelete{
+	Table:       "{table}",
+	Key:         "group_name, message_id",
+	RowID:       true,
+	Where:       "received_at < @cutoff",
+	StableOrder: "received_at",
+	Limit:       "@batch",
+}
+
 func compile(d *sqldb.Dialect, table string) (statements, error) {
-	qt, err := d.QuoteTable(table)
-	if err != nil {
+	if err := d.CheckTable(table); err != nil {
 		return statements{}, err
 	}
-	s := statements{insertHead: "INSERT INTO " + qt + " (group_name, message_id, received_at) VALUES "}
-	switch d.Name {
-	case sqldb.Postgres, sqldb.SQLite:
-		s.insertTail = " ON CONFLICT DO NOTHING"
-		s.returning = " RETURNING message_id"
-	case sqldb.MySQL:
+	var s statements
+	tail := ""
+	switch d.Upsert {
+	case sqldb.OnConflict:
+		tail = " ON CONFLICT DO NOTHING"
+	case sqldb.OnDuplicateKey:
 		// A plain INSERT: the driver reports a duplicate key as error 1062,
 		// which in MySQL rolls back only the statement. Not INSERT IGNORE,
 		// which turns every error (a value truncated or converted, a CHECK
@@ -86,36 +97,33 @@ func compile(d *sqldb.Dialect, table string) (statements, error) {
 		// affected row, like an insert.
 		s.dupIsError = true
 	default:
-		return statements{}, fmt.Errorf("inbox: unknown dialect %q", d.Name)
+		return statements{}, fmt.Errorf("inbox: dialect %q has no insert the inbox knows", d.Name)
 	}
-	s.insert = d.Rebind(s.insertHead + "(?, ?, ?)" + s.insertTail)
-	switch d.Name {
-	case sqldb.Postgres:
+	vars := d.TableVars(table)
+	var errs []error
+	c := func(tmpl string, params ...string) sqldb.Stmt {
+		st, err := d.Compile(tmpl, vars, params...)
+		errs = append(errs, err)
+		return st
+	}
+	s.insert = c(insertHead+"VALUES (@group, @id, @at)"+tail, "group", "id", "at")
+	s.purge = c(d.LimitedDelete(purgeRows), "cutoff", "batch")
+	if d.Arrays && d.Returning {
 		// unnest returns the IDs in array order: rows are inserted (and
 		// their locks taken) in the batch's sorted order.
-		s.insertArray = "INSERT INTO " + qt + " (group_name, message_id, received_at) SELECT $1::text, m, $3::timestamptz FROM unnest($2::text[]) AS u(m) ON CONFLICT DO NOTHING RETURNING message_id"
-		s.purge = "DELETE FROM " + qt + " WHERE (group_name, message_id) IN (SELECT group_name, message_id FROM " + qt + " WHERE received_at < $1 LIMIT $2)"
-	case sqldb.MySQL:
-		s.purge = "DELETE FROM " + qt + " WHERE received_at < ? ORDER BY received_at LIMIT ?"
-	case sqldb.SQLite:
-		s.purge = "DELETE FROM " + qt + " WHERE rowid IN (SELECT rowid FROM " + qt + " WHERE received_at < ? LIMIT ?)"
+		st := c(insertHead+"SELECT @group::text, m, @at::timestamptz FROM unnest(@ids::text[]) AS u(m)"+tail+" RETURNING message_id",
+			"group", "ids", "at")
+		s.insertArray = &st
 	}
-	return s, nil
-}
-
-// insertRows returns the multi-row INSERT of n rows.
-func (s *statements) insertRows(d *sqldb.Dialect, n int, returning bool) string {
-	var sb strings.Builder
-	sb.WriteString(s.insertHead)
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			sb.WriteString(", ")
-		}
-		sb.WriteString("(" + d.Placeholder(3*i+1) + ", " + d.Placeholder(3*i+2) + ", " + d.Placeholder(3*i+3) + ")")
+	rows := func(returning string) *sqldb.List {
+		return sqldb.NewList(func(n int) (sqldb.Stmt, error) {
+			list, params := sqldb.Repeat("(@group, @id, @at)", n)
+			return d.Compile(insertHead+"VALUES "+list+tail+returning, vars, params...)
+		})
 	}
-	sb.WriteString(s.insertTail)
-	if returning {
-		sb.WriteString(s.returning)
+	s.rows = rows("")
+	if d.Returning {
+		s.rowsReturning = rows(" RETURNING message_id")
 	}
-	return sb.String()
+	return s, errors.Join(errs...)
 }

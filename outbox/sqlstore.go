@@ -62,16 +62,10 @@ type StoreConfig struct {
 // claim, NOTIFY on Add), MySQL 8 / MariaDB >= 10.6 (SKIP LOCKED, claims
 // in READ COMMITTED), SQLite (one relay).
 type SQLStore struct {
-	db    sqldb.DB
-	d     *sqldb.Dialect
-	cfg   StoreConfig
-	table string // quoted
-
-	insertSQL, notifySQL string
-	// async is the relation that turns synchronous_commit off for the
-	// statement's transaction, for a mark's FROM or USING clause (""
-	// when SyncBookkeeping or not PostgreSQL).
-	async string
+	db  sqldb.DB
+	d   *sqldb.Dialect
+	cfg StoreConfig
+	st  statements
 }
 
 // NewStore returns the outbox store on db (postgres.Pgx(pool),
@@ -85,8 +79,7 @@ func NewStore(ctx context.Context, db sqldb.DB, cfg StoreConfig) (*SQLStore, err
 	if cfg.Table == "" {
 		cfg.Table = DefaultTable
 	}
-	qt, err := d.QuoteTable(cfg.Table)
-	if err != nil {
+	if err := d.CheckTable(cfg.Table); err != nil {
 		return nil, err
 	}
 	if cfg.Channel == "" {
@@ -95,20 +88,11 @@ func NewStore(ctx context.Context, db sqldb.DB, cfg StoreConfig) (*SQLStore, err
 	if len(cfg.Channel) > 63 {
 		cfg.Channel = cfg.Channel[:63]
 	}
-	s := &SQLStore{db: db, d: d, cfg: cfg, table: qt}
-	hdr := "?"
-	if d.Name == sqldb.Postgres {
-		hdr = "?::jsonb"
-		s.notifySQL = "SELECT pg_notify($1, '')"
-		if !cfg.SyncBookkeeping {
-			// set_config(…, true) lasts until the end of the statement's
-			// own (implicit) transaction, whose commit then skips the
-			// WAL flush wait.
-			s.async = "(SELECT set_config('synchronous_commit', 'off', true)) AS idemq_async"
-		}
+	st, err := compile(d, cfg)
+	if err != nil {
+		return nil, err
 	}
-	s.insertSQL = d.Rebind(fmt.Sprintf(
-		"INSERT INTO %s (message_id, exchange, routing_key, content_type, headers, body, ordering_key) VALUES (?, ?, ?, ?, %s, ?, ?)", qt, hdr))
+	s := &SQLStore{db: db, d: d, cfg: cfg, st: st}
 	if !cfg.NoMigrate {
 		if err := s.Migrate(ctx); err != nil {
 			return nil, err
@@ -229,8 +213,6 @@ func (s *SQLStore) Table() string { return s.cfg.Table }
 // DB is the store's database.
 func (s *SQLStore) DB() sqldb.DB { return s.db }
 
-func (s *SQLStore) rebind(q string) string { return s.d.Rebind(q) }
-
 func (s *SQLStore) errf(op string, err error) error {
 	return fmt.Errorf("outbox(%s): %s %s: %w", s.d.Name, op, s.cfg.Table, err)
 }
@@ -272,60 +254,16 @@ func (s *SQLStore) Add(ctx context.Context, tx sqldb.Querier, msgs ...Message) e
 		if body == nil {
 			body = []byte{}
 		}
-		if _, err := tx.Exec(ctx, s.insertSQL, m.ID, m.Exchange, m.RoutingKey, m.ContentType, hv, body, kv); err != nil {
+		if _, err := tx.Exec(ctx, s.st.insert.SQL, s.st.insert.Args(m.ID, m.Exchange, m.RoutingKey, m.ContentType, hv, body, kv)...); err != nil {
 			return s.errf("add "+strconv.Quote(m.ID)+" to", err)
 		}
 	}
-	if s.notifySQL != "" && len(msgs) > 0 {
-		if _, err := tx.Exec(ctx, s.notifySQL, s.cfg.Channel); err != nil {
+	if s.st.notify != nil && len(msgs) > 0 {
+		if _, err := tx.Exec(ctx, s.st.notify.SQL, s.st.notify.Args(s.cfg.Channel)...); err != nil {
 			return s.errf("notify for", err)
 		}
 	}
 	return nil
-}
-
-func (s *SQLStore) cols() string {
-	hdr := "headers"
-	if s.d.Name == sqldb.Postgres {
-		hdr = "headers::text"
-	}
-	return "id, message_id, exchange, routing_key, content_type, " + hdr + ", body, ordering_key, attempts"
-}
-
-func (s *SQLStore) claimWhere(ordered bool) string {
-	now := s.d.Now
-	w := fmt.Sprintf("c.state = 'pending' AND c.available_at <= %s AND (c.locked_until IS NULL OR c.locked_until < %s)", now, now)
-	if ordered {
-		// An earlier pending row of the key, or an earlier failed one (an
-		// operator retries or skips it: see [FailedRows]), holds c back.
-		// Two NOT EXISTS, one per state, so each can use a partial index.
-		w += fmt.Sprintf(" AND (c.ordering_key IS NULL OR (NOT EXISTS (SELECT 1 FROM %[1]s p WHERE p.ordering_key = c.ordering_key AND p.state = 'pending' AND p.id < c.id)"+
-			" AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.ordering_key = c.ordering_key AND f.state = 'failed' AND f.id < c.id)))", s.table)
-	}
-	return w
-}
-
-func placeholders(n int) string {
-	return strings.TrimSuffix(strings.Repeat("?, ", n), ", ")
-}
-
-func int64Args(ids []int64) []any {
-	a := make([]any, len(ids))
-	for i, id := range ids {
-		a[i] = id
-	}
-	return a
-}
-
-// idList returns the condition on id ("IN (?, …)" or "= ANY(?)") matching
-// ids, and its arguments.
-func (s *SQLStore) idList(ids []int64) (string, []any) {
-	if s.d.Name == sqldb.Postgres {
-		// One array parameter: one statement text for every batch size
-		// (a single prepared statement, less to parse).
-		return "= ANY(?)", []any{ids}
-	}
-	return "IN (" + placeholders(len(ids)) + ")", int64Args(ids)
 }
 
 type scanner interface{ Scan(...any) error }
@@ -349,42 +287,25 @@ func scanRow(sc scanner, owner string) (Row, error) {
 	return r, nil
 }
 
-// claimSettings are the planner settings of a PostgreSQL claim's
-// transaction. The claim's best plan walks the pending index in id order
-// and stops after limit rows. With statistics older than the backlog (a
-// burst, a relay that was down: autovacuum analyzes a minute or more
-// later; a table that keeps its sent rows says "almost nothing pending"),
-// the planner expects a few pending rows and picks a bitmap scan of all
-// of them and a sort instead: every claim then reads the whole backlog,
-// so draining it costs its square. Bitmap scans off, the index walk is
-// what is left for the pending rows.
-const claimSettings = "SELECT set_config('enable_bitmapscan', 'off', true)"
-
-// claimPostgres is Claim on PostgreSQL: the settings, then one UPDATE …
-// WHERE id = ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED)) RETURNING, in one
+// claimArray is Claim on a dialect with arrays and RETURNING
+// (PostgreSQL): the claim's settings, then one UPDATE … WHERE id =
+// ANY(ARRAY(SELECT … FOR UPDATE SKIP LOCKED)) RETURNING, in one
 // transaction. The ARRAY(…) makes the select an init plan, so the update
 // probes the primary key for exactly the claimed ids instead of possibly
 // hash-joining against a scan of the table.
-func (s *SQLStore) claimPostgres(ctx context.Context, owner string, limit int, leaseMS int64, ordered bool) ([]Row, error) {
-	settings := claimSettings
-	if s.async != "" && !ordered {
-		// A lease lost in a database crash could let another relay
-		// publish a later row of the key while this one still publishes
-		// the earlier: ordered claims stay synchronous.
-		settings += ", set_config('synchronous_commit', 'off', true)"
-	}
+func (s *SQLStore) claimArray(ctx context.Context, owner string, limit int, leaseMS int64, ordered bool) ([]Row, error) {
+	c := &s.st.claim[b2i(ordered)]
 	tx, err := s.db.Begin(ctx, sqldb.TxOptions{})
 	if err != nil {
 		return nil, s.errf("claim (begin) from", err)
 	}
 	defer func() { _ = sqldb.Rollback(ctx, tx) }()
-	if _, err := tx.Exec(ctx, settings); err != nil {
-		return nil, s.errf("claim (settings) from", err)
+	if c.settings != "" {
+		if _, err := tx.Exec(ctx, c.settings); err != nil {
+			return nil, s.errf("claim (settings) from", err)
+		}
 	}
-	q := s.rebind(fmt.Sprintf(
-		"UPDATE %[1]s SET owner = ?, locked_until = %[2]s, attempts = attempts + 1 WHERE id = ANY(ARRAY(SELECT c.id FROM %[1]s c WHERE %[3]s ORDER BY c.id LIMIT ? FOR UPDATE SKIP LOCKED)) RETURNING %[4]s",
-		s.table, s.d.NowPlusMillis("?"), s.claimWhere(ordered), s.cols()))
-	out, err := s.claimed(ctx, tx, owner, 0, q, owner, leaseMS, limit)
+	out, err := s.claimed(ctx, tx, owner, 0, c.rows.SQL, c.rows.Args(owner, leaseMS, limit)...)
 	if err != nil {
 		return nil, err
 	}
@@ -393,6 +314,13 @@ func (s *SQLStore) claimPostgres(ctx context.Context, owner string, limit int, l
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // claimed runs a claim's query in tx and reads its rows, adding bump to
@@ -427,27 +355,21 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 	if leaseMS < 1 {
 		leaseMS = 1
 	}
-	d := s.d
-	lock := ""
-	if d.Name != sqldb.SQLite {
-		lock = " FOR UPDATE SKIP LOCKED"
+	if s.st.claimLease == nil {
+		return s.claimArray(ctx, owner, limit, leaseMS, ordered)
 	}
-	if d.Name == sqldb.Postgres {
-		return s.claimPostgres(ctx, owner, limit, leaseMS, ordered)
-	}
-
-	// MySQL in READ COMMITTED: no gap locks, so concurrent claims and
-	// inserts do not deadlock on the pending index.
-	tx, err := s.db.Begin(ctx, sqldb.TxOptions{ReadCommitted: d.Name == sqldb.MySQL})
+	c := &s.st.claim[b2i(ordered)]
+	// Where locking reads also lock gaps (MySQL), READ COMMITTED: no gap
+	// locks, so concurrent claims and inserts do not deadlock on the
+	// pending index.
+	tx, err := s.db.Begin(ctx, sqldb.TxOptions{ReadCommitted: s.d.GapLocks})
 	if err != nil {
 		return nil, s.errf("claim (begin) from", err)
 	}
 	defer func() { _ = sqldb.Rollback(ctx, tx) }()
-	q := s.rebind(fmt.Sprintf("SELECT %s FROM %s c WHERE %s ORDER BY c.id LIMIT ?%s",
-		s.cols(), s.table, s.claimWhere(ordered), lock))
 	// The UPDATE below increments attempts: the rows read before it are
 	// one attempt behind.
-	out, err := s.claimed(ctx, tx, owner, 1, q, limit)
+	out, err := s.claimed(ctx, tx, owner, 1, c.rows.SQL, c.rows.Args(limit)...)
 	if err != nil {
 		return nil, err
 	}
@@ -458,9 +380,11 @@ func (s *SQLStore) Claim(ctx context.Context, owner string, limit int, lease tim
 	for i := range out {
 		ids[i] = out[i].ID
 	}
-	u := s.rebind(fmt.Sprintf("UPDATE %s SET owner = ?, locked_until = %s, attempts = attempts + 1 WHERE id IN (%s)",
-		s.table, d.NowPlusMillis("?"), placeholders(len(ids))))
-	if _, err := tx.Exec(ctx, u, append([]any{owner, leaseMS}, int64Args(ids)...)...); err != nil {
+	q, args, err := s.st.claimLease.bind(ids, owner, leaseMS)
+	if err != nil {
+		return nil, s.errf("claim (lease) in", err)
+	}
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return nil, s.errf("claim (lease) in", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -475,25 +399,14 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	in, args := s.idList(ids)
-	if s.cfg.DeleteSent {
-		using := ""
-		if s.async != "" {
-			using = " USING " + s.async
-		}
-		q := s.rebind(fmt.Sprintf("DELETE FROM %s%s WHERE state = 'pending' AND id %s", s.table, using, in))
-		if _, err := s.db.Exec(ctx, q, args...); err != nil {
+	q, args, err := s.st.markSent.bind(ids)
+	if err == nil {
+		_, err = s.db.Exec(ctx, q, args...)
+	}
+	if err != nil {
+		if s.cfg.DeleteSent {
 			return s.errf("delete sent from", err)
 		}
-		return nil
-	}
-	from := ""
-	if s.async != "" {
-		from = " FROM " + s.async
-	}
-	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'sent', sent_at = %s, owner = NULL, locked_until = NULL, last_error = NULL%s WHERE state = 'pending' AND id %s",
-		s.table, s.d.Now, from, in))
-	if _, err := s.db.Exec(ctx, q, args...); err != nil {
 		return s.errf("mark sent in", err)
 	}
 	return nil
@@ -501,9 +414,7 @@ func (s *SQLStore) MarkSent(ctx context.Context, ids []int64) error {
 
 // Retry implements [Store].
 func (s *SQLStore) Retry(ctx context.Context, owner string, id int64, delay time.Duration, lastErr string) error {
-	q := s.rebind(fmt.Sprintf("UPDATE %s SET owner = NULL, locked_until = NULL, available_at = %s, last_error = ? WHERE id = ? AND state = 'pending' AND owner = ?",
-		s.table, s.d.NowPlusMillis("?")))
-	if _, err := s.db.Exec(ctx, q, delay.Milliseconds(), truncate(lastErr, 2000), id, owner); err != nil {
+	if _, err := s.exec(ctx, s.st.retry, delay.Milliseconds(), truncate(lastErr, 2000), id, owner); err != nil {
 		return s.errf("retry in", err)
 	}
 	return nil
@@ -511,8 +422,7 @@ func (s *SQLStore) Retry(ctx context.Context, owner string, id int64, delay time
 
 // Fail implements [Store].
 func (s *SQLStore) Fail(ctx context.Context, owner string, id int64, reason string) error {
-	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'failed', owner = NULL, locked_until = NULL, last_error = ? WHERE id = ? AND state = 'pending' AND owner = ?", s.table))
-	if _, err := s.db.Exec(ctx, q, truncate(reason, 2000), id, owner); err != nil {
+	if _, err := s.exec(ctx, s.st.fail, truncate(reason, 2000), id, owner); err != nil {
 		return s.errf("fail in", err)
 	}
 	return nil
@@ -524,28 +434,23 @@ func (s *SQLStore) Purge(ctx context.Context, olderThan time.Duration, limit int
 	if limit <= 0 {
 		limit = 1000
 	}
-	cutoff := s.d.NowPlusMillis("?")
-	var q string
-	if s.d.Name == sqldb.MySQL {
-		q = fmt.Sprintf("DELETE FROM %s WHERE state = 'sent' AND sent_at < %s ORDER BY id LIMIT ?", s.table, cutoff)
-	} else {
-		q = fmt.Sprintf("DELETE FROM %[1]s WHERE id IN (SELECT id FROM %[1]s WHERE state = 'sent' AND sent_at < %[2]s ORDER BY id LIMIT ?)", s.table, cutoff)
-	}
-	n, err := s.db.Exec(ctx, s.rebind(q), -max(olderThan, 0).Milliseconds(), limit)
+	n, err := s.exec(ctx, s.st.purge, -max(olderThan, 0).Milliseconds(), limit)
 	if err != nil {
 		return 0, s.errf("purge", err)
 	}
 	return n, nil
 }
 
+func (s *SQLStore) exec(ctx context.Context, st sqldb.Stmt, vals ...any) (int64, error) {
+	return s.db.Exec(ctx, st.SQL, st.Args(vals...)...)
+}
+
 // Stats implements [Store].
 func (s *SQLStore) Stats(ctx context.Context) (Stats, error) {
-	q := fmt.Sprintf("SELECT COUNT(*), MIN(created_at) IS NOT NULL, COALESCE(%s, 0) FROM %s WHERE state = 'pending'",
-		s.d.AgeSeconds("MIN(created_at)"), s.table)
 	var st Stats
 	var any bool
 	var age float64
-	if err := s.db.QueryRow(ctx, q).Scan(&st.Pending, &any, &age); err != nil {
+	if err := s.db.QueryRow(ctx, s.st.stats.SQL).Scan(&st.Pending, &any, &age); err != nil {
 		return st, s.errf("stats of", err)
 	}
 	if any && age > 0 {
@@ -556,7 +461,7 @@ func (s *SQLStore) Stats(ctx context.Context) (Stats, error) {
 
 // Count implements [Store].
 func (s *SQLStore) Count(ctx context.Context) (map[State]int64, error) {
-	rows, err := s.db.Query(ctx, fmt.Sprintf("SELECT state, COUNT(*) FROM %s GROUP BY state", s.table))
+	rows, err := s.db.Query(ctx, s.st.count.SQL)
 	if err != nil {
 		return nil, s.errf("count", err)
 	}
@@ -577,11 +482,7 @@ var _ FailedRows = (*SQLStore)(nil)
 
 // Blocked implements [FailedRows].
 func (s *SQLStore) Blocked(ctx context.Context) ([]BlockedRow, error) {
-	q := fmt.Sprintf("SELECT f.id, f.message_id, f.ordering_key, COALESCE(f.last_error, ''), COUNT(p.id) FROM %[1]s f"+
-		" JOIN %[1]s p ON p.ordering_key = f.ordering_key AND p.state = 'pending' AND p.id > f.id"+
-		" WHERE f.state = 'failed' AND f.ordering_key IS NOT NULL"+
-		" GROUP BY f.id, f.message_id, f.ordering_key, f.last_error ORDER BY f.id", s.table)
-	rows, err := s.db.Query(ctx, q)
+	rows, err := s.db.Query(ctx, s.st.blocked.SQL)
 	if err != nil {
 		return nil, s.errf("list blocked in", err)
 	}
@@ -602,9 +503,7 @@ func (s *SQLStore) Blocked(ctx context.Context) ([]BlockedRow, error) {
 
 // RetryFailed implements [FailedRows].
 func (s *SQLStore) RetryFailed(ctx context.Context, id int64) error {
-	q := s.rebind(fmt.Sprintf("UPDATE %s SET state = 'pending', attempts = 0, owner = NULL, locked_until = NULL, available_at = %s WHERE id = ? AND state = 'failed'",
-		s.table, s.d.Now))
-	n, err := s.db.Exec(ctx, q, id)
+	n, err := s.exec(ctx, s.st.retryFailed, id)
 	if err != nil {
 		return s.errf("retry failed row in", err)
 	}
@@ -617,8 +516,8 @@ func (s *SQLStore) RetryFailed(ctx context.Context, id int64) error {
 // SkipFailed implements [FailedRows].
 func (s *SQLStore) SkipFailed(ctx context.Context, id int64) error {
 	var key, lastErr sql.NullString
-	q := s.rebind(fmt.Sprintf("SELECT ordering_key, last_error FROM %s WHERE id = ? AND state = 'failed'", s.table))
-	if err := s.db.QueryRow(ctx, q, id).Scan(&key, &lastErr); errors.Is(err, sqldb.ErrNoRows) {
+	q := s.st.failedRow
+	if err := s.db.QueryRow(ctx, q.SQL, q.Args(id)...).Scan(&key, &lastErr); errors.Is(err, sqldb.ErrNoRows) {
 		return fmt.Errorf("%w: id %d in %s", ErrNotFailed, id, s.cfg.Table)
 	} else if err != nil {
 		return s.errf("skip failed row in", err)
@@ -627,8 +526,7 @@ func (s *SQLStore) SkipFailed(ctx context.Context, id int64) error {
 		return nil // holds nothing back
 	}
 	note := truncate(fmt.Sprintf("skipped by an operator, ordering key %q released; %s", key.String, lastErr.String), 2000)
-	u := s.rebind(fmt.Sprintf("UPDATE %s SET ordering_key = NULL, last_error = ? WHERE id = ? AND state = 'failed' AND ordering_key = ?", s.table))
-	n, err := s.db.Exec(ctx, u, note, id, key.String)
+	n, err := s.exec(ctx, s.st.skipFailed, note, id, key.String)
 	if err != nil {
 		return s.errf("skip failed row in", err)
 	}
@@ -650,7 +548,7 @@ type RowInfo struct {
 
 // Rows lists every row's bookkeeping in id order (for tests and tools).
 func (s *SQLStore) Rows(ctx context.Context) ([]RowInfo, error) {
-	rows, err := s.db.Query(ctx, fmt.Sprintf("SELECT id, message_id, COALESCE(ordering_key, ''), state, attempts, COALESCE(last_error, '') FROM %s ORDER BY id", s.table))
+	rows, err := s.db.Query(ctx, s.st.rows.SQL)
 	if err != nil {
 		return nil, s.errf("list", err)
 	}

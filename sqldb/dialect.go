@@ -21,8 +21,9 @@ const (
 // Dialect is the SQL one database speaks. The dialect packages (sqldb/postgres,
 // sqldb/mysql, sqldb/sqlite) fill it in; applications only pass it along.
 type Dialect struct {
-	// Name is [Postgres], [MySQL] or [SQLite]; the components pick their
-	// statements by it.
+	// Name is [Postgres], [MySQL] or [SQLite]: for messages, and for the
+	// DDL written per dialect (migrations, [Migration.Up]). Other
+	// statements differ by the capabilities below, never by the name.
 	Name string
 	// Dollar: bind parameters are $1, $2, … (PostgreSQL); otherwise ?.
 	Dollar bool
@@ -63,7 +64,72 @@ type Dialect struct {
 	// ConnLost reports the driver's own connection-loss errors, on top of
 	// what [ConnectionError] knows. Nil: none.
 	ConnLost func(err error) bool
+
+	// Upsert is the form of an INSERT that updates the row whose key it
+	// collides with.
+	Upsert Upsert
+	// Returning: INSERT, UPDATE and DELETE take a RETURNING clause.
+	Returning bool
+	// WritableCTE: a WITH clause may hold an INSERT … RETURNING whose rows
+	// the rest of the statement reads (PostgreSQL).
+	WritableCTE bool
+	// Arrays: a Go slice binds as an SQL array, and the dialect has
+	// = ANY(array), ARRAY(subquery), unnest(array) and expr::type casts
+	// (PostgreSQL). Without it a list is one parameter per element
+	// ([Repeat]).
+	Arrays bool
+	// SkipLocked is the locking clause of a SELECT that locks the rows it
+	// reads and skips those other transactions hold ("FOR UPDATE SKIP
+	// LOCKED"). Empty: none (SQLite, one writer at a time). Templates
+	// write it {skip_locked} ([Dialect.Compile]).
+	SkipLocked string
+	// GapLocks: in the default isolation level a locking read also locks
+	// the gaps between index records (InnoDB's REPEATABLE READ), so a
+	// transaction that claims rows with [Dialect.SkipLocked] asks for
+	// [TxOptions.ReadCommitted] to not deadlock with concurrent inserts.
+	GapLocks bool
+	// DeleteLimit: DELETE takes ORDER BY and LIMIT (MySQL). Otherwise
+	// [Dialect.LimitedDelete] picks the rows in a subquery.
+	DeleteLimit bool
+	// RowID is the implicit row id column of a table that has one
+	// (SQLite: rowid). Empty: none.
+	RowID string
+	// JSONIn returns the expression storing the text expression expr in a
+	// JSON column (PostgreSQL: expr::jsonb), JSONOut the text of the JSON
+	// column col (col::text). Nil: JSON columns hold text, as it is.
+	JSONIn, JSONOut func(expr string) string
+	// Notify returns a statement that wakes the listeners of the channel
+	// (an expression, typically a parameter) when its transaction commits
+	// (PostgreSQL: SELECT pg_notify(channel, '')). Nil: none; listeners
+	// poll.
+	Notify func(channel string) string
+	// AsyncCommit is an expression that makes the transaction it runs in
+	// commit without waiting for its WAL flush (PostgreSQL:
+	// set_config('synchronous_commit', 'off', true)). Empty: none.
+	AsyncCommit string
+	// NoBitmapScan is an expression that keeps the planner from bitmap
+	// scans for the rest of the transaction, so a LIMIT walks an index in
+	// order (PostgreSQL: set_config('enable_bitmapscan', 'off', true)).
+	// Empty: none.
+	NoBitmapScan string
 }
+
+// Upsert is a form of INSERT that updates the row it collides with
+// ([Dialect.Upsert]).
+type Upsert int
+
+const (
+	// OnConflict: INSERT … ON CONFLICT (key) DO UPDATE SET … WHERE …, the
+	// row proposed for insertion named EXCLUDED, and INSERT … ON CONFLICT
+	// DO NOTHING (PostgreSQL, SQLite).
+	OnConflict Upsert = iota + 1
+	// OnDuplicateKey: INSERT … ON DUPLICATE KEY UPDATE col = …, the
+	// assignments made left to right, each seeing the ones before (MySQL,
+	// MariaDB). It has no DO NOTHING: a plain INSERT fails with
+	// [Dialect.DuplicateKey] instead (INSERT IGNORE would also turn other
+	// errors into warnings).
+	OnDuplicateKey
+)
 
 // IsDuplicateKey reports whether err is a unique-key violation.
 func (d *Dialect) IsDuplicateKey(err error) bool {
@@ -153,113 +219,12 @@ func (d *Dialect) Placeholder(n int) string {
 	return "?"
 }
 
-// Rebind turns the ? placeholders of q into the dialect's ($1, $2, … on
-// PostgreSQL). q must hold no other question mark.
-func (d *Dialect) Rebind(q string) string {
-	if !d.Dollar {
-		return q
-	}
-	var b strings.Builder
-	n := 0
-	for i := 0; i < len(q); i++ {
-		if q[i] == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteByte(q[i])
-	}
-	return b.String()
-}
-
 // LockKey derives a 63-bit advisory-lock key from name (PostgreSQL's
 // pg_advisory_xact_lock takes a bigint).
 func LockKey(name string) int64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(name))
 	return int64(h.Sum64() >> 1)
-}
-
-// Stmt is a statement compiled for one dialect by [Dialect.Compile].
-type Stmt struct {
-	// SQL is the statement text.
-	SQL  string
-	args []int // for each bind position, the index of its parameter
-}
-
-// Args returns the statement's arguments in bind order, from the values
-// of its parameters in the order [Dialect.Compile] was given their names.
-func (s Stmt) Args(vals ...any) []any {
-	out := make([]any, len(s.args))
-	for i, n := range s.args {
-		out[i] = vals[n]
-	}
-	return out
-}
-
-// Compile expands a statement template: {name} is replaced by vars[name]
-// ({now} by [Dialect.NowMillis] unless vars has it; {idx:SUFFIX} by a
-// derived index name when vars come from [Dialect.TableVars]), @name by a bind
-// parameter for params' name (a name used twice is bound twice with ?,
-// once with $n).
-func (d *Dialect) Compile(tmpl string, vars map[string]string, params ...string) (Stmt, error) {
-	var b strings.Builder
-	var s Stmt
-	numbers := map[int]int{} // parameter -> $n
-	for i := 0; i < len(tmpl); i++ {
-		c := tmpl[i]
-		switch c {
-		case '{':
-			j := strings.IndexByte(tmpl[i:], '}')
-			if j < 0 {
-				return Stmt{}, fmt.Errorf("sqldb: template: unterminated {")
-			}
-			name := tmpl[i+1 : i+j]
-			v, ok := vars[name]
-			if base, isIdx := vars["idx:"]; isIdx && !ok && strings.HasPrefix(name, "idx:") {
-				v, ok = d.Quote(base+name[len("idx:"):]), true
-			}
-			if !ok && name == "now" {
-				v, ok = d.NowMillis, true
-			}
-			if !ok {
-				return Stmt{}, fmt.Errorf("sqldb: template: unknown variable {%s}", name)
-			}
-			b.WriteString(v)
-			i += j
-		case '@':
-			j := i + 1
-			for j < len(tmpl) && (tmpl[j] >= 'a' && tmpl[j] <= 'z' || tmpl[j] == '_') {
-				j++
-			}
-			n := -1
-			for k, p := range params {
-				if p == tmpl[i+1:j] {
-					n = k
-				}
-			}
-			if n < 0 {
-				return Stmt{}, fmt.Errorf("sqldb: template: unknown parameter %q", tmpl[i:j])
-			}
-			if d.Dollar {
-				num, seen := numbers[n]
-				if !seen {
-					s.args = append(s.args, n)
-					num = len(s.args)
-					numbers[n] = num
-				}
-				b.WriteString("$" + strconv.Itoa(num))
-			} else {
-				s.args = append(s.args, n)
-				b.WriteByte('?')
-			}
-			i = j - 1
-		default:
-			b.WriteByte(c)
-		}
-	}
-	s.SQL = b.String()
-	return s, nil
 }
 
 // Retry runs fn again, at most n more times, after an error the dialect

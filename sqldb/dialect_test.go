@@ -77,8 +77,74 @@ func TestCompile(t *testing.T) {
 	if _, err := my.Compile("SELECT {nope}", nil); err == nil {
 		t.Fatal("unknown variable accepted")
 	}
-	if got := pg.Rebind("a = ? AND b = ?"); got != "a = $1 AND b = $2" {
-		t.Fatalf("Rebind = %s", got)
+	st, err = sqlite.Dialect().Compile("SELECT {ts} FROM t LIMIT 1{skip_locked}", nil)
+	if err != nil || st.SQL != "SELECT "+sqlite.Dialect().Now+" FROM t LIMIT 1" {
+		t.Fatalf("sqlite built-ins: %q, %v", st.SQL, err)
+	}
+	st, err = pg.Compile("SELECT 1 LIMIT 1{skip_locked}", nil)
+	if err != nil || st.SQL != "SELECT 1 LIMIT 1 FOR UPDATE SKIP LOCKED" {
+		t.Fatalf("postgres {skip_locked}: %q, %v", st.SQL, err)
+	}
+}
+
+// TestRepeat: a list's template, numbered parameters and all, compiles
+// for each dialect.
+func TestRepeat(t *testing.T) {
+	list, names := sqldb.Repeat("(@g, @id, 'x')", 3)
+	if want := "(@g0, @id0, 'x'), (@g1, @id1, 'x'), (@g2, @id2, 'x')"; list != want {
+		t.Fatalf("Repeat = %q, want %q", list, want)
+	}
+	if got := strings.Join(names, ","); got != "g0,id0,g1,id1,g2,id2" {
+		t.Fatalf("names = %s", got)
+	}
+	list, names = sqldb.Repeat("@id", 11)
+	pg := postgres.Dialect()
+	st, err := pg.Compile("SELECT @k WHERE id IN ("+list+")", nil, append([]string{"k"}, names...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "SELECT $1 WHERE id IN ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"; st.SQL != want {
+		t.Fatalf("postgres: %s", st.SQL)
+	}
+	if got := st.Args("k", 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10); len(got) != 12 || got[11] != 10 {
+		t.Fatalf("args %v", got)
+	}
+	l := sqldb.NewList(func(n int) (sqldb.Stmt, error) {
+		in, names := sqldb.Repeat("@id", n)
+		return mysql.Dialect().Compile("DELETE FROM t WHERE id IN ("+in+")", nil, names...)
+	})
+	for _, n := range []int{2, 2, 600} {
+		st, err := l.Stmt(n)
+		if err != nil || strings.Count(st.SQL, "?") != n {
+			t.Fatalf("List.Stmt(%d) = %q, %v", n, st.SQL, err)
+		}
+	}
+}
+
+// TestLimitedDelete: DELETE with a limit, in each dialect's form.
+func TestLimitedDelete(t *testing.T) {
+	del := sqldb.LimitedDelete{Table: "t", Key: "a, b", RowID: true, Where: "x < @c", StableOrder: "x", Limit: "@n"}
+	for _, tc := range []struct {
+		d          *sqldb.Dialect
+		skipLocked bool
+		want       string
+	}{
+		{postgres.Dialect(), false, "DELETE FROM t WHERE (a, b) IN (SELECT a, b FROM t WHERE x < @c LIMIT @n)"},
+		{postgres.Dialect(), true, "DELETE FROM t WHERE (a, b) IN (SELECT a, b FROM t WHERE x < @c LIMIT @n FOR UPDATE SKIP LOCKED) AND x < @c"},
+		{mysql.Dialect(), true, "DELETE FROM t WHERE x < @c ORDER BY x LIMIT @n"},
+		{sqlite.Dialect(), true, "DELETE FROM t WHERE rowid IN (SELECT rowid FROM t WHERE x < @c LIMIT @n)"},
+	} {
+		del.SkipLocked = tc.skipLocked
+		if got := tc.d.LimitedDelete(del); got != tc.want {
+			t.Errorf("%s (skip locked %v):\n%s\nwant\n%s", tc.d.Name, tc.skipLocked, got, tc.want)
+		}
+	}
+	del = sqldb.LimitedDelete{Table: "t", Key: "id", Where: "x < 1", OrderBy: "id", Limit: "5"}
+	if got, want := sqlite.Dialect().LimitedDelete(del), "DELETE FROM t WHERE id IN (SELECT id FROM t WHERE x < 1 ORDER BY id LIMIT 5)"; got != want {
+		t.Errorf("sqlite ordered: %s", got)
+	}
+	if got, want := mysql.Dialect().LimitedDelete(del), "DELETE FROM t WHERE x < 1 ORDER BY id LIMIT 5"; got != want {
+		t.Errorf("mysql ordered: %s", got)
 	}
 }
 

@@ -13,6 +13,9 @@
 //	sqldb/mysql     MySQL and MariaDB (InnoDB): mysql.Std(*sql.DB) through go-sql-driver/mysql
 //	sqldb/sqlite    SQLite: sqlite.Std(*sql.DB) through modernc.org/sqlite (no cgo)
 //
+// A tool that takes any database as one URL or DSN (the idemq command)
+// resolves and opens it with sqldb/dburl, which brings all three.
+//
 // # Handing idemq a transaction
 //
 // Where idemq runs statements inside your transaction (outbox Store.Add,
@@ -27,6 +30,18 @@
 // postgres.Pgx(pool), postgres.Std(db), mysql.Std(db), sqlite.Std(db). An
 // inbox handler receives the driver's own transaction (pgx.Tx or *sql.Tx):
 // wrap it as above to pass it on.
+//
+// # Statements
+//
+// Every statement idemq runs is a template compiled once per dialect by
+// [Dialect.Compile]: {table} and the other variables are quoted names or
+// the dialect's expressions ({now}, {ts}, {skip_locked}), @name a bind
+// parameter (? or $n). Where the dialects differ, the template is built
+// from the [Dialect]'s capabilities — its upsert form, RETURNING, arrays,
+// its locking clause, its clock expressions, [Dialect.LimitedDelete] for
+// a DELETE of at most n rows, [Repeat] and [List] for a list of
+// parameters — never from its name; only the DDL of migrations is written
+// per dialect name.
 //
 // # Identifiers
 //

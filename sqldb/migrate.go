@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 )
 
 // VersionTable is the table that records the applied migrations of every
@@ -201,7 +200,12 @@ func up(ctx context.Context, db DB, target int, schemas []Schema) (_ []SchemaSta
 }
 
 func applied(ctx context.Context, d *Dialect, q Querier, s Schema) (map[int]bool, error) {
-	rows, err := q.Query(ctx, d.Rebind("SELECT version FROM "+d.Quote(VersionTable)+" WHERE component = ? AND table_name = ?"), s.Component, s.Table)
+	st, err := d.Compile("SELECT version FROM {table} WHERE component = @component AND table_name = @table_name",
+		d.TableVars(VersionTable), "component", "table_name")
+	if err != nil {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, st.SQL, st.Args(s.Component, s.Table)...)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", VersionTable, err)
 	}
@@ -231,19 +235,15 @@ func apply(ctx context.Context, d *Dialect, q Querier, s Schema, m Migration) er
 			return fmt.Errorf("%s %s migration %d (%s): %w", s.Component, s.Table, m.Version, m.Name, err)
 		}
 	}
-	_, err := q.Exec(ctx, d.Rebind("INSERT INTO "+d.Quote(VersionTable)+" (component, table_name, version, name, applied_at) VALUES (?, ?, ?, ?, "+d.NowMillis+")"),
-		s.Component, s.Table, m.Version, m.Name)
+	st, err := d.Compile("INSERT INTO {table} (component, table_name, version, name, applied_at) VALUES (@component, @table_name, @version, @name, {now})",
+		d.TableVars(VersionTable), "component", "table_name", "version", "name")
 	if err != nil {
+		return err
+	}
+	if _, err := q.Exec(ctx, st.SQL, st.Args(s.Component, s.Table, m.Version, m.Name)...); err != nil {
 		return fmt.Errorf("record %s %s migration %d: %w", s.Component, s.Table, m.Version, err)
 	}
 	return nil
-}
-
-// TableVars returns the template variables of table's statements for
-// [Dialect.Compile]: {table} (quoted), {ts} ([Dialect.Now]) and
-// {idx:SUFFIX}, the quoted name of an index derived from the table.
-func (d *Dialect) TableVars(table string) map[string]string {
-	return map[string]string{"table": d.Quote(table), "ts": d.Now, "idx:": table[strings.LastIndex(table, ".")+1:]}
 }
 
 // Status reports, for every schema, which migrations are applied and which

@@ -77,7 +77,7 @@ func Run[T any](t *testing.T, b sqldbtest.Backend[T], f Features) {
 func insertOnce[T any](t *testing.T, e *env[T]) {
 	ph := e.d.Placeholder
 	q := "INSERT INTO orders (id, state, total) VALUES (" + ph(1) + ", 'new', " + ph(2) + ") ON CONFLICT DO NOTHING"
-	if e.d.Name == sqldb.MySQL {
+	if e.d.Upsert == sqldb.OnDuplicateKey {
 		q = "INSERT IGNORE INTO orders (id, state, total) VALUES (?, 'new', ?)"
 	}
 	for i, want := range []bool{true, false, false} {

@@ -152,7 +152,7 @@ func runConsole(cmd *cobra.Command, f consoleFlags) (err error) {
 		case err != nil:
 			return err
 		default:
-			secrets = append(secrets, redact.Secrets(d.dsn)...)
+			secrets = append(secrets, redact.Secrets(d.DSN)...)
 			ctx := cmd.Context()
 			if ctx == nil {
 				ctx = context.Background()

@@ -6,11 +6,12 @@ import (
 
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/sqldb"
+	"github.com/idemq/idemq/sqldb/dburl"
 )
 
 // testStore opens d as the CLI does and migrates its outbox table; both are
 // closed at t's cleanup.
-func testStore(ctx context.Context, t *testing.T, d relayDB) (*outbox.SQLStore, sqldb.DB) {
+func testStore(ctx context.Context, t *testing.T, d dburl.Target) (*outbox.SQLStore, sqldb.DB) {
 	t.Helper()
 	db, closeDB, err := openDB(ctx, d)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"time"
 
-	_ "github.com/go-sql-driver/mysql" // the "mysql" driver of --store mysql
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb/dburl"
 )
 
 // `idemq outbox list|show|retry` re-drive a failed row without SQL.
 func TestOutboxListShowRetry(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "outbox.db")
 	ctx := context.Background()
-	s, db := testStore(ctx, t, relayDB{"sqlite", path})
+	s, db := testStore(ctx, t, dburl.Target{Dialect: "sqlite", DSN: path})
 	if err := s.Add(ctx, db, outbox.Message{ID: "order-1", RoutingKey: "orders"}, outbox.Message{ID: "order-2", RoutingKey: "orders.created"}); err != nil {
 		t.Fatal(err)
 	}

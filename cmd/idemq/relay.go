@@ -2,15 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
-	"strings"
 	"time"
 
-	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/spf13/cobra"
 
 	"github.com/idemq/idemq"
@@ -94,161 +90,6 @@ secret parameters never reach the logs or errors.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve /metrics, /healthz and /readyz on this address (host:port; empty: off)")
 	cmd.AddCommand(newRelayFailedCmds()...)
 	return cmd
-}
-
-// relayDB is a resolved --db.
-type relayDB struct {
-	dialect string // postgres, mysql, sqlite
-	dsn     string // what the dialect's Open takes
-}
-
-// redacted is the DSN with its secrets hidden, for logs.
-func (d relayDB) redacted() string { return redact.DSN(d.dsn) }
-
-// acceptedForms is the help of a --db refusal.
-const acceptedForms = "write postgres://… (or postgresql://…), mysql://… or a go-sql-driver DSN user:password@tcp(host:3306)/db, " +
-	"sqlite://path or file:path; or name the database with --dialect postgres|mysql|sqlite " +
-	"(a keyword/value DSN such as host=… user=… needs --dialect postgres, a plain SQLite path --dialect sqlite)"
-
-// guessDialect tells the dialect from the DSN's own form, "" when it
-// cannot: only explicit forms count (a scheme, a go-sql-driver net(addr)).
-func guessDialect(db string) string {
-	lower := strings.ToLower(strings.TrimSpace(db))
-	has := func(prefixes ...string) bool {
-		for _, p := range prefixes {
-			if strings.HasPrefix(lower, p) {
-				return true
-			}
-		}
-		return false
-	}
-	switch {
-	case has("postgres://", "postgresql://"):
-		return "postgres"
-	case has("mysql://", "mariadb://"):
-		return "mysql"
-	case has("sqlite://", "sqlite3://", "sqlite:", "sqlite3:", "file:"):
-		return "sqlite"
-	case strings.Contains(db, "://"):
-		return ""
-	case strings.Contains(db, "@tcp("), strings.Contains(db, "@unix("), strings.Contains(db, "@/"),
-		has("tcp(", "unix("):
-		return "mysql"
-	}
-	return ""
-}
-
-// resolveDB picks the dialect and DSN from --db, --dialect and the env.
-// The dialect is never guessed from a form that does not say it: a DSN it
-// cannot place is an error, never a SQLite file named after it.
-func resolveDB(db, dialect string, getenv func(string) string) (relayDB, error) {
-	dialect = strings.ToLower(dialect)
-	switch dialect {
-	case "", "postgres", "mysql", "sqlite":
-	case "postgresql", "pg":
-		dialect = "postgres"
-	case "mariadb":
-		dialect = "mysql"
-	case "sqlite3":
-		dialect = "sqlite"
-	default:
-		return relayDB{}, fmt.Errorf("--dialect %q: want postgres, mysql or sqlite", dialect)
-	}
-	if db == "" {
-		db = getenv(envOutboxDB)
-	}
-	if db == "" {
-		switch dialect {
-		case "mysql":
-			db = getenv(envMySQLURL)
-		case "sqlite":
-		default:
-			db = getenv(envPostgreURL)
-		}
-	}
-	if db == "" {
-		return relayDB{}, errors.New("no database: set --db (or IDEMQ_OUTBOX_DB_URL / IDEMQ_POSTGRES_URL)")
-	}
-	guessed := guessDialect(db)
-	if dialect == "" {
-		if guessed == "" {
-			return relayDB{}, fmt.Errorf("--db %s: cannot tell which database this is: %s", redact.DSN(db), acceptedForms)
-		}
-		dialect = guessed
-	}
-	switch dialect {
-	case "postgres":
-		return relayDB{dialect, db}, nil
-	case "sqlite":
-		path := db
-		lower := strings.ToLower(db)
-		for _, p := range []string{"sqlite://", "sqlite3://", "sqlite:", "sqlite3:"} {
-			if strings.HasPrefix(lower, p) {
-				path = db[len(p):]
-				break
-			}
-		}
-		// A SQLite database is a path or a file: URI; not a DSN of another
-		// database (it would become a file named after it, password and all).
-		if guessed != "" && guessed != "sqlite" || strings.Contains(path, "://") || strings.ContainsAny(path, "@") ||
-			(guessed == "" && strings.Contains(path, "=")) {
-			return relayDB{}, fmt.Errorf("--db %s with --dialect sqlite: not a SQLite path (sqlite://path, file:path or a file path)", redact.DSN(db))
-		}
-		if path == "" {
-			return relayDB{}, errors.New("--db: empty SQLite path")
-		}
-		return relayDB{dialect, path}, nil
-	}
-	dsn, err := mysqlDSN(db)
-	if err != nil {
-		return relayDB{}, err
-	}
-	return relayDB{"mysql", dsn}, nil
-}
-
-// mysqlDSN accepts a go-sql-driver DSN with or without a mysql:// scheme, or
-// a mysql://user:pass@host:port/db?params URL.
-func mysqlDSN(s string) (string, error) {
-	rest := s
-	for _, p := range []string{"mysql://", "mariadb://"} {
-		if strings.HasPrefix(strings.ToLower(rest), p) {
-			rest = rest[len(p):]
-			break
-		}
-	}
-	if strings.Contains(rest, "@tcp(") || strings.Contains(rest, "@unix(") || !strings.Contains(s, "://") {
-		if _, err := gomysql.ParseDSN(rest); err != nil {
-			return "", fmt.Errorf("--db: MySQL DSN: %w", err)
-		}
-		return rest, nil
-	}
-	u, err := url.Parse("mysql://" + rest)
-	if err != nil {
-		return "", fmt.Errorf("--db: MySQL URL: %w", redactErr(err))
-	}
-	c := gomysql.NewConfig()
-	c.Net = "tcp"
-	c.Addr = u.Host
-	if u.Port() == "" {
-		c.Addr = u.Hostname() + ":3306"
-	}
-	if u.User != nil {
-		c.User = u.User.Username()
-		c.Passwd, _ = u.User.Password()
-	}
-	c.DBName = strings.TrimPrefix(u.Path, "/")
-	dsn := c.FormatDSN()
-	if u.RawQuery != "" {
-		sep := "?"
-		if strings.Contains(dsn, "?") {
-			sep = "&"
-		}
-		dsn += sep + u.RawQuery
-	}
-	if _, err := gomysql.ParseDSN(dsn); err != nil {
-		return "", fmt.Errorf("--db: MySQL URL: %w", err)
-	}
-	return dsn, nil
 }
 
 func relayLogger(cmd *cobra.Command, level, format string, secrets []string) (*slog.Logger, error) {
@@ -342,7 +183,7 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 	if err != nil {
 		return err
 	}
-	log.Info("idemq relay starting", "dialect", d.dialect, "db", d.redacted(), "amqp", redactURL(amqpU),
+	log.Info("idemq relay starting", "dialect", d.Dialect, "db", d.Redacted(), "amqp", redactURL(amqpU),
 		"table", f.table, "owner", relay.Owner())
 
 	logCounters := func(msg string) {

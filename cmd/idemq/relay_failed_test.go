@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb/dburl"
 )
 
 // TestRelayFailedRows: the operator's commands for a failed row that holds
@@ -15,7 +16,7 @@ import (
 func TestRelayFailedRows(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "outbox.db")
 	ctx := context.Background()
-	s, db := testStore(ctx, t, relayDB{"sqlite", path})
+	s, db := testStore(ctx, t, dburl.Target{Dialect: "sqlite", DSN: path})
 	var msgs []outbox.Message
 	for _, id := range []string{"K-1", "K-2", "J-1", "J-2"} {
 		msgs = append(msgs, outbox.Message{ID: id, RoutingKey: "q", OrderingKey: id[:1]})

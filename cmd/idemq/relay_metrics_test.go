@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb/dburl"
 )
 
 // idemq relay --metrics-listen serves /metrics with the relay's figures,
@@ -21,7 +22,7 @@ func TestRelayCommandMetricsListen(t *testing.T) {
 	q := testenv.Queue(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	store, db := testStore(ctx, t, relayDB{"sqlite", path})
+	store, db := testStore(ctx, t, dburl.Target{Dialect: "sqlite", DSN: path})
 	for _, id := range []string{"m-1", "m-2", "m-3"} {
 		if err := store.Add(ctx, db, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb/dburl"
 )
 
 // TestRelayNeverShowsThePassword feeds the relay every DSN form with a
@@ -88,7 +89,7 @@ func TestRelayMalformedAMQPURLNotLogged(t *testing.T) {
 	path := testenv.SQLitePath(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	store, db := testStore(ctx, t, relayDB{"sqlite", path})
+	store, db := testStore(ctx, t, dburl.Target{Dialect: "sqlite", DSN: path})
 	if err := store.Add(ctx, db, outbox.Message{ID: "m-1", RoutingKey: "nowhere", Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}

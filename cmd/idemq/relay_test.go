@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb/dburl"
 )
 
 func TestResolveDB(t *testing.T) {
@@ -28,27 +29,27 @@ func TestResolveDB(t *testing.T) {
 	cases := []struct {
 		db, dialect string
 		env         map[string]string
-		want        relayDB
+		want        dburl.Target
 		wantErr     bool
 	}{
-		{db: "postgres://u:p@h/db", want: relayDB{"postgres", "postgres://u:p@h/db"}},
-		{db: "postgresql://h/db", want: relayDB{"postgres", "postgresql://h/db"}},
-		{db: "mysql://u:p@tcp(127.0.0.1:3306)/app?parseTime=true", want: relayDB{"mysql", "u:p@tcp(127.0.0.1:3306)/app?parseTime=true"}},
-		{db: "mysql://u:p@db.local/app", want: relayDB{"mysql", "u:p@tcp(db.local:3306)/app"}},
-		{db: "mysql://u:p@db.local:3307/app?timeout=5s", want: relayDB{"mysql", "u:p@tcp(db.local:3307)/app?timeout=5s"}},
-		{db: "u:p@tcp(h:3306)/app", want: relayDB{"mysql", "u:p@tcp(h:3306)/app"}},
-		{db: "u:p@/app", dialect: "mariadb", want: relayDB{"mysql", "u:p@/app"}},
+		{db: "postgres://u:p@h/db", want: dburl.Target{Dialect: "postgres", DSN: "postgres://u:p@h/db"}},
+		{db: "postgresql://h/db", want: dburl.Target{Dialect: "postgres", DSN: "postgresql://h/db"}},
+		{db: "mysql://u:p@tcp(127.0.0.1:3306)/app?parseTime=true", want: dburl.Target{Dialect: "mysql", DSN: "u:p@tcp(127.0.0.1:3306)/app?parseTime=true"}},
+		{db: "mysql://u:p@db.local/app", want: dburl.Target{Dialect: "mysql", DSN: "u:p@tcp(db.local:3306)/app"}},
+		{db: "mysql://u:p@db.local:3307/app?timeout=5s", want: dburl.Target{Dialect: "mysql", DSN: "u:p@tcp(db.local:3307)/app?timeout=5s"}},
+		{db: "u:p@tcp(h:3306)/app", want: dburl.Target{Dialect: "mysql", DSN: "u:p@tcp(h:3306)/app"}},
+		{db: "u:p@/app", dialect: "mariadb", want: dburl.Target{Dialect: "mysql", DSN: "u:p@/app"}},
 		{db: "/var/lib/app.db", wantErr: true}, // a plain path needs --dialect sqlite
-		{db: "/var/lib/app.db", dialect: "sqlite", want: relayDB{"sqlite", "/var/lib/app.db"}},
+		{db: "/var/lib/app.db", dialect: "sqlite", want: dburl.Target{Dialect: "sqlite", DSN: "/var/lib/app.db"}},
 		{db: "host=db user=app password=pw", wantErr: true}, // keyword DSN: --dialect postgres
-		{db: "host=db user=app password=pw", dialect: "postgres", want: relayDB{"postgres", "host=db user=app password=pw"}},
+		{db: "host=db user=app password=pw", dialect: "postgres", want: dburl.Target{Dialect: "postgres", DSN: "host=db user=app password=pw"}},
 		{db: "host=db user=app password=pw", dialect: "sqlite", wantErr: true},
 		{db: "postgres://u:p@h/db", dialect: "sqlite", wantErr: true},
-		{db: "sqlite:///var/lib/app.db", want: relayDB{"sqlite", "/var/lib/app.db"}},
-		{db: "file:app.db?_pragma=busy_timeout(1)", want: relayDB{"sqlite", "file:app.db?_pragma=busy_timeout(1)"}},
-		{env: map[string]string{envPostgreURL: "postgres://e/db"}, want: relayDB{"postgres", "postgres://e/db"}},
-		{dialect: "mysql", env: map[string]string{envPostgreURL: "postgres://e/db", envMySQLURL: "u:p@tcp(m:3306)/x"}, want: relayDB{"mysql", "u:p@tcp(m:3306)/x"}},
-		{env: map[string]string{envOutboxDB: "file:/tmp/x.db", envPostgreURL: "postgres://e/db"}, want: relayDB{"sqlite", "file:/tmp/x.db"}},
+		{db: "sqlite:///var/lib/app.db", want: dburl.Target{Dialect: "sqlite", DSN: "/var/lib/app.db"}},
+		{db: "file:app.db?_pragma=busy_timeout(1)", want: dburl.Target{Dialect: "sqlite", DSN: "file:app.db?_pragma=busy_timeout(1)"}},
+		{env: map[string]string{envPostgreURL: "postgres://e/db"}, want: dburl.Target{Dialect: "postgres", DSN: "postgres://e/db"}},
+		{dialect: "mysql", env: map[string]string{envPostgreURL: "postgres://e/db", envMySQLURL: "u:p@tcp(m:3306)/x"}, want: dburl.Target{Dialect: "mysql", DSN: "u:p@tcp(m:3306)/x"}},
+		{env: map[string]string{envOutboxDB: "file:/tmp/x.db", envPostgreURL: "postgres://e/db"}, want: dburl.Target{Dialect: "sqlite", DSN: "file:/tmp/x.db"}},
 		{env: map[string]string{envOutboxDB: "/tmp/x.db", envPostgreURL: "postgres://e/db"}, wantErr: true},
 		{wantErr: true},
 		{db: "redis://h/0", wantErr: true},
@@ -66,10 +67,10 @@ func TestResolveDB(t *testing.T) {
 			}
 		})
 	}
-	if r := (relayDB{"mysql", "u:secret@tcp(h:3306)/app"}).redacted(); strings.Contains(r, "secret") {
+	if r := (dburl.Target{Dialect: "mysql", DSN: "u:secret@tcp(h:3306)/app"}).Redacted(); strings.Contains(r, "secret") {
 		t.Fatalf("redacted mysql DSN %q shows the password", r)
 	}
-	if r := (relayDB{"postgres", "postgres://u:secret@h/app"}).redacted(); strings.Contains(r, "secret") {
+	if r := (dburl.Target{Dialect: "postgres", DSN: "postgres://u:secret@h/app"}).Redacted(); strings.Contains(r, "secret") {
 		t.Fatalf("redacted postgres URL %q shows the password", r)
 	}
 }
@@ -109,7 +110,7 @@ func testRelayCommandSQLite(t *testing.T, deleteSent bool) {
 	q := testenv.Queue(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	store, db := testStore(ctx, t, relayDB{"sqlite", path})
+	store, db := testStore(ctx, t, dburl.Target{Dialect: "sqlite", DSN: path})
 	for _, id := range []string{"cli-1", "cli-2", "cli-3"} {
 		if err := store.Add(ctx, db, outbox.Message{ID: id, RoutingKey: q, Body: []byte(id)}); err != nil {
 			t.Fatal(err)
@@ -202,7 +203,7 @@ func TestRelayCommandSIGTERM(t *testing.T) {
 	q := testenv.Queue(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	store, db := testStore(ctx, t, relayDB{"postgres", dsn})
+	store, db := testStore(ctx, t, dburl.Target{Dialect: "postgres", DSN: dsn})
 
 	args := []string{"relay", "--db", dsn, "--max-poll", "1m", "--poll", "1m", "--log-format", "text"}
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperRelayMain$")
@@ -264,7 +265,7 @@ func TestRelayStartsWhileDatabaseRefuses(t *testing.T) {
 	q := testenv.Queue(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	store, db := testStore(ctx, t, relayDB{"postgres", dsn})
+	store, db := testStore(ctx, t, dburl.Target{Dialect: "postgres", DSN: dsn})
 	if err := store.Add(ctx, db, outbox.Message{ID: "refused-1", RoutingKey: q, Body: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/idemq/idemq/internal/redistest"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/sqldb/dburl"
 	"github.com/idemq/idemq/sqldb/postgres"
 )
 
@@ -137,7 +138,7 @@ func TestFaultTLS(t *testing.T) {
 	// amqps:// with the CA from IDEMQ_AMQP_CA (the URL names none).
 	t.Setenv(envAMQPCA, srv.CA)
 	t.Setenv(envRedisCA, srv.CA)
-	store, db := testStore(ctx, t, relayDB{"postgres", dsn})
+	store, db := testStore(ctx, t, dburl.Target{Dialect: "postgres", DSN: dsn})
 	for i := 0; i < 3; i++ {
 		id := fmt.Sprintf("relay-%d", i)
 		if err := store.Add(ctx, db, outbox.Message{ID: id, RoutingKey: queue, Body: []byte(id)}); err != nil {

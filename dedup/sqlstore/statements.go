@@ -49,34 +49,21 @@ func Schema(table string) sqldb.Schema {
 	}}
 }
 
-// dialectSQL is what differs between the dialects: the claim upsert, the
-// lost-lease upsert of Complete and the purge. Parameters are named (see
-// params).
-type dialectSQL struct {
-	// claim upserts processing(@token) for @lease ms, taking the row only
-	// when it is absent, expired or processing(@token).
-	claim string
-	// claimReturnsRow: claim returns one row (acquired, state, owner,
-	// expires_at - now), acquired being 1 when the statement took the row
-	// and 0 when the row is the one it did not take (a snapshot that may be
-	// stale); or no row, and the store reads the row. Otherwise claim is
-	// executed and the store always reads the row afterwards.
-	claimReturnsRow bool
-	// completeLost records done for @window ms unless a live record is
-	// there: the lost-lease path of Complete.
-	completeLost string
-	// purge deletes at most @batch rows expired for more than @grace ms.
-	purge string
-}
-
-// mysqlCond: the claim may take the row (evaluated on the row before the
-// update: owner is assigned first, and only when it holds, and then it
-// still holds through expires_at, which is assigned last).
-const mysqlCond = "(expires_at <= {now} OR (state = 'processing' AND owner = @token))"
-
-var dialects = map[string]dialectSQL{
-	sqldb.Postgres: {
-		claim: `WITH up AS (
+// The upsert statements of Claim and of Complete's lost-lease path, per
+// form of the dialect. Parameters are named (see params).
+//
+// claim upserts processing(@token) for @lease ms, taking the row only
+// when it is absent, expired or processing(@token). With a writable CTE it
+// returns one row (acquired, state, owner, expires_at - now), acquired
+// being 1 when the statement took the row and 0 when the row is the one
+// it did not take (a snapshot that may be stale), or no row, and the
+// store reads the row; with RETURNING alone it returns the row it took
+// (acquired 1) or none; otherwise it returns nothing and the store always
+// reads the row afterwards.
+//
+// completeLost records done for @window ms unless a live record is there.
+const (
+	claimCTE = `WITH up AS (
 	INSERT INTO {table} AS d ({key}, state, owner, expires_at)
 	VALUES (@key, 'processing', @token, {now} + @lease)
 	ON CONFLICT ({key}) DO UPDATE
@@ -87,49 +74,49 @@ var dialects = map[string]dialectSQL{
 SELECT 1, state, owner, left_ms FROM up
 UNION ALL
 SELECT 0, state, owner, expires_at - {now} FROM {table}
-WHERE {key} = @key AND NOT EXISTS (SELECT 1 FROM up)`,
-		claimReturnsRow: true,
-		completeLost: `INSERT INTO {table} AS d ({key}, state, owner, expires_at)
-VALUES (@key, 'done', '', {now} + @window)
-ON CONFLICT ({key}) DO UPDATE
-SET state = 'done', owner = '', expires_at = EXCLUDED.expires_at
-WHERE d.expires_at <= {now}`,
-		// SKIP LOCKED: skip rows a concurrent claim holds instead of
-		// waiting for them; the expiry of every deleted row is checked again.
-		purge: `DELETE FROM {table} WHERE {key} IN (
-	SELECT {key} FROM {table} WHERE expires_at <= {now} - @grace LIMIT @batch FOR UPDATE SKIP LOCKED
-) AND expires_at <= {now} - @grace`,
-	},
-	sqldb.MySQL: {
-		claim: `INSERT INTO {table} ({key}, state, owner, expires_at)
-VALUES (@key, 'processing', @token, {now} + @lease)
-ON DUPLICATE KEY UPDATE
-	owner = IF(` + mysqlCond + `, @token, owner),
-	state = IF(` + mysqlCond + `, 'processing', state),
-	expires_at = IF(` + mysqlCond + `, {now} + @lease, expires_at)`,
-		completeLost: `INSERT INTO {table} ({key}, state, owner, expires_at)
-VALUES (@key, 'done', '', {now} + @window)
-ON DUPLICATE KEY UPDATE
-	owner = IF(expires_at <= {now}, '', owner),
-	state = IF(expires_at <= {now}, 'done', state),
-	expires_at = IF(expires_at <= {now}, {now} + @window, expires_at)`,
-		purge: `DELETE FROM {table} WHERE expires_at <= {now} - @grace LIMIT @batch`,
-	},
-	sqldb.SQLite: {
-		claim: `INSERT INTO {table} ({key}, state, owner, expires_at)
+WHERE {key} = @key AND NOT EXISTS (SELECT 1 FROM up)`
+
+	claimReturning = `INSERT INTO {table} ({key}, state, owner, expires_at)
 VALUES (@key, 'processing', @token, {now} + @lease)
 ON CONFLICT ({key}) DO UPDATE
 SET state = 'processing', owner = excluded.owner, expires_at = excluded.expires_at
 WHERE expires_at <= {now} OR (state = 'processing' AND owner = excluded.owner)
-RETURNING 1, state, owner, expires_at - {now}`,
-		claimReturnsRow: true,
-		completeLost: `INSERT INTO {table} ({key}, state, owner, expires_at)
+RETURNING 1, state, owner, expires_at - {now}`
+
+	completeLostOnConflict = `INSERT INTO {table} AS d ({key}, state, owner, expires_at)
 VALUES (@key, 'done', '', {now} + @window)
 ON CONFLICT ({key}) DO UPDATE
-SET state = 'done', owner = '', expires_at = excluded.expires_at
-WHERE expires_at <= {now}`,
-		purge: `DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE expires_at <= {now} - @grace LIMIT @batch)`,
-	},
+SET state = 'done', owner = '', expires_at = EXCLUDED.expires_at
+WHERE d.expires_at <= {now}`
+
+	// ON DUPLICATE KEY UPDATE assigns left to right: owner is assigned
+	// first, and only when mysqlCond holds, and then it still holds through
+	// expires_at, which is assigned last.
+	claimOnDuplicateKey = `INSERT INTO {table} ({key}, state, owner, expires_at)
+VALUES (@key, 'processing', @token, {now} + @lease)
+ON DUPLICATE KEY UPDATE
+	owner = IF(` + mysqlCond + `, @token, owner),
+	state = IF(` + mysqlCond + `, 'processing', state),
+	expires_at = IF(` + mysqlCond + `, {now} + @lease, expires_at)`
+	mysqlCond = "(expires_at <= {now} OR (state = 'processing' AND owner = @token))"
+
+	completeLostOnDuplicateKey = `INSERT INTO {table} ({key}, state, owner, expires_at)
+VALUES (@key, 'done', '', {now} + @window)
+ON DUPLICATE KEY UPDATE
+	owner = IF(expires_at <= {now}, '', owner),
+	state = IF(expires_at <= {now}, 'done', state),
+	expires_at = IF(expires_at <= {now}, {now} + @window, expires_at)`
+)
+
+// purge deletes at most @batch rows expired for more than @grace ms; it
+// skips rows a concurrent claim holds instead of waiting for them, where
+// the dialect can.
+var purge = sqldb.LimitedDelete{
+	Table:      "{table}",
+	Key:        "{key}",
+	Where:      "expires_at <= {now} - @grace",
+	Limit:      "@batch",
+	SkipLocked: true,
 }
 
 // The statements' named parameters, in the order their values are passed.
@@ -174,9 +161,17 @@ type statements struct {
 }
 
 func compile(d *sqldb.Dialect, table string) (statements, error) {
-	ds, ok := dialects[d.Name]
-	if !ok {
-		return statements{}, fmt.Errorf("sqlstore: unknown dialect %q", d.Name)
+	var claim, completeLost string
+	s := statements{}
+	switch {
+	case d.Upsert == sqldb.OnConflict && d.WritableCTE:
+		claim, completeLost, s.claimReturnsRow = claimCTE, completeLostOnConflict, true
+	case d.Upsert == sqldb.OnConflict && d.Returning:
+		claim, completeLost, s.claimReturnsRow = claimReturning, completeLostOnConflict, true
+	case d.Upsert == sqldb.OnDuplicateKey:
+		claim, completeLost = claimOnDuplicateKey, completeLostOnDuplicateKey
+	default:
+		return statements{}, fmt.Errorf("sqlstore: dialect %q has no upsert the store knows", d.Name)
 	}
 	vars := d.TableVars(table)
 	vars["key"] = d.Quote("key")
@@ -186,20 +181,17 @@ func compile(d *sqldb.Dialect, table string) (statements, error) {
 		errs = append(errs, err)
 		return st
 	}
-	s := statements{
-		claimReturnsRow: ds.claimReturnsRow,
-		claim:           c(ds.claim),
-		read:            c(readSQL),
-		completeOwn:     c(completeOwnSQL),
-		completeLost:    c(ds.completeLost),
-		release:         c(releaseSQL),
-		extend:          c(extendSQL),
-		owned:           c(ownedSQL),
-		get:             c(getSQL),
-		forget:          c(forgetSQL),
-		forgetIdle:      c(forgetIdleSQL),
-		purge:           c(ds.purge),
-		stats:           c(statsSQL),
-	}
+	s.claim = c(claim)
+	s.read = c(readSQL)
+	s.completeOwn = c(completeOwnSQL)
+	s.completeLost = c(completeLost)
+	s.release = c(releaseSQL)
+	s.extend = c(extendSQL)
+	s.owned = c(ownedSQL)
+	s.get = c(getSQL)
+	s.forget = c(forgetSQL)
+	s.forgetIdle = c(forgetIdleSQL)
+	s.purge = c(d.LimitedDelete(purge))
+	s.stats = c(statsSQL)
 	return s, errors.Join(errs...)
 }

@@ -64,12 +64,13 @@ var (
 	_ dedup.IdleForgetter = (*Store)(nil)
 )
 
-// Validate checks cfg (after its defaults are filled).
-func (cfg Config) Validate(d *sqldb.Dialect) error {
+// Validate checks what of cfg needs no database. [New] calls it, then
+// checks the table name against the dialect ([sqldb.Dialect.CheckTable]).
+func (cfg Config) Validate() error {
 	if cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 {
 		return errors.New("sqlstore: negative PurgeInterval or PurgeBatch")
 	}
-	return d.CheckTable(cfg.Table)
+	return nil
 }
 
 // New returns a store on db (postgres.Pgx(pool), postgres.Std(db),
@@ -90,8 +91,11 @@ func New(ctx context.Context, db sqldb.DB, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	d := db.Dialect()
-	if err := cfg.Validate(d); err != nil {
+	if err := d.CheckTable(cfg.Table); err != nil {
 		return nil, err
 	}
 	st, err := compile(d, cfg.Table)

@@ -51,7 +51,11 @@ func Dialect() *sqldb.Dialect {
 			n := number(err)
 			return n == erDupKeyName || n == erTableExists
 		},
-		ConnLost: func(err error) bool { return errors.Is(err, gomysql.ErrInvalidConn) },
+		ConnLost:    func(err error) bool { return errors.Is(err, gomysql.ErrInvalidConn) },
+		Upsert:      sqldb.OnDuplicateKey,
+		SkipLocked:  "FOR UPDATE SKIP LOCKED", // MySQL 8, MariaDB >= 10.6
+		GapLocks:    true,
+		DeleteLimit: true,
 	}
 }
 

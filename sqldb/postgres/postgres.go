@@ -52,6 +52,16 @@ func Dialect() *sqldb.Dialect {
 			var ce *pgconn.ConnectError
 			return errors.As(err, &ce)
 		},
+		Upsert:       sqldb.OnConflict,
+		Returning:    true,
+		WritableCTE:  true,
+		Arrays:       true,
+		SkipLocked:   "FOR UPDATE SKIP LOCKED",
+		JSONIn:       func(expr string) string { return expr + "::jsonb" },
+		JSONOut:      func(col string) string { return col + "::text" },
+		Notify:       func(channel string) string { return "SELECT pg_notify(" + channel + ", '')" },
+		AsyncCommit:  "set_config('synchronous_commit', 'off', true)",
+		NoBitmapScan: "set_config('enable_bitmapscan', 'off', true)",
 	}
 }
 

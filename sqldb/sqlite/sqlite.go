@@ -49,6 +49,9 @@ func Dialect() *sqldb.Dialect {
 		Time:         func(t time.Time) any { return t.UnixMilli() },
 		DuplicateKey: IsDuplicateKey,
 		Retryable:    retryable,
+		Upsert:       sqldb.OnConflict,
+		Returning:    true,
+		RowID:        "rowid",
 	}
 }
 
