@@ -45,6 +45,9 @@ type statements struct {
 	insert sqldb.Stmt
 	// purge deletes at most @batch rows received before @cutoff.
 	purge sqldb.Stmt
+	// probe is a write that matches no row (Probe): a database that
+	// refuses writes fails it.
+	probe sqldb.Stmt
 
 	// rows and rowsReturning are the batch inbox's multi-row insert of n
 	// rows (@group<i>, @id<i>, @at<i>), the latter returning the
@@ -108,6 +111,7 @@ func compile(d *sqldb.Dialect, table string) (statements, error) {
 	}
 	s.insert = c(insertHead+"VALUES (@group, @id, @at)"+tail, "group", "id", "at")
 	s.purge = c(d.LimitedDelete(purgeRows), "cutoff", "batch")
+	s.probe = c("DELETE FROM {table} WHERE 1 = 0")
 	if d.Arrays && d.Returning {
 		// unnest returns the IDs in array order: rows are inserted (and
 		// their locks taken) in the batch's sorted order.

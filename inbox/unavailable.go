@@ -48,15 +48,11 @@ func Classify(err error) error {
 // consumer resumes as soon as the database is back. A failure is an
 // [idemq.UnavailableError].
 func (ib *Inbox[T]) Probe(ctx context.Context) error {
-	table, err := ib.d.QuoteTable(ib.cfg.Table)
-	if err != nil {
-		return err
-	}
 	tx, err := ib.db.Begin(ctx, sqldb.TxOptions{})
 	if err != nil {
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
-	if _, err := tx.Exec(ctx, "DELETE FROM "+table+" WHERE 1 = 0"); err != nil {
+	if _, err := tx.Exec(ctx, ib.st.probe.SQL); err != nil {
 		_ = sqldb.Rollback(ctx, tx)
 		return idemq.Unavailable(DependencyDatabase, err)
 	}
