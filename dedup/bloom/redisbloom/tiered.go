@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/bloom"
+	"github.com/idemq/idemq/internal/redisrecord"
 	"github.com/idemq/idemq/internal/redisscript"
 )
 
@@ -108,7 +109,8 @@ func (s *Store) rec(ctx context.Context) idemq.Recorder {
 }
 
 // Records: "p:<token>" processing, owned by token (PX the lease); "d" a
-// recent done marker.
+// recent done marker (the record of internal/redisrecord, which also
+// holds the release and extend scripts).
 //
 // tieredClaim: KEYS[1] the record, KEYS[2..] the checked bitmaps; ARGV[1]
 // token, ARGV[2] lease ms, ARGV[3] 1 to skip the filter (a verified false
@@ -156,20 +158,6 @@ add_bits(KEYS[2], KEYS[3], ARGV[3], ARGV[4], 5)
 return ours
 `)
 
-var tieredRelease = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-`)
-
-var tieredExtend = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-`)
-
 func storeErr(op string, err error) error {
 	var se *dedup.StoreError
 	if errors.As(err, &se) {
@@ -187,9 +175,6 @@ func prepare(ctx context.Context, op, key string) error {
 	}
 	return nil
 }
-
-// ms converts a duration to whole milliseconds, at least 1.
-func ms(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
 
 // Claim implements [dedup.Store].
 func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
@@ -237,7 +222,7 @@ func (s *Store) claimArgs(key, token string, lease time.Duration, skipFilter boo
 	if skipFilter {
 		skip = "1"
 	}
-	shard, args := s.f.locate(key, []any{token, ms(lease), skip})
+	shard, args := s.f.locate(key, []any{token, redisrecord.Millis(lease), skip})
 	keys := make([]string, 1, len(gens)+1)
 	keys[0] = s.RecordKey(key)
 	for _, g := range gens {
@@ -252,18 +237,11 @@ func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
 	if err != nil {
 		return dedup.Claim{}, storeErr("claim", err)
 	}
-	if len(vals) != 2 {
-		return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
-	}
-	switch vals[0] {
-	case 1:
-		return dedup.Claim{Result: dedup.Acquired}, nil
-	case 2:
-		return dedup.Claim{Result: dedup.InFlight, LeaseLeft: max(time.Duration(vals[1])*time.Millisecond, 0)}, nil
-	case 3:
-		return dedup.Claim{Result: dedup.Done}, nil
-	case 4:
+	if len(vals) == 2 && vals[0] == 4 {
 		return dedup.Claim{}, nil
+	}
+	if c, ok := redisrecord.Claim(vals); ok {
+		return c, nil
 	}
 	return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
 }
@@ -291,7 +269,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, window time.Dur
 func (s *Store) completeArgs(key, token string, window time.Duration, g int64) ([]string, []any) {
 	var marker int64
 	if s.cfg.Recent > 0 {
-		marker = ms(min(window, s.cfg.Recent))
+		marker = redisrecord.Millis(min(window, s.cfg.Recent))
 	}
 	shard, args := s.f.locate(key, []any{token, marker, s.f.expireAt(g), s.f.shardBits - 1})
 	return []string{s.RecordKey(key), s.f.BitmapKey(shard, g), s.f.CounterKey(shard, g)}, args
@@ -410,12 +388,12 @@ func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key st
 
 // Release implements [dedup.Store].
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	return s.cas(ctx, "release", tieredRelease, key, token)
+	return s.cas(ctx, "release", redisrecord.Release, key, token)
 }
 
 // Extend implements [dedup.Store].
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	return s.cas(ctx, "extend", tieredExtend, key, token, ms(lease))
+	return s.cas(ctx, "extend", redisrecord.Extend, key, token, redisrecord.Millis(lease))
 }
 
 // Stats returns the filter's stats.
