@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/sender"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -240,7 +240,7 @@ func New(cfg Config) (*Policy, error) {
 	cfg = cfg.withDefaults()
 	p := &Policy{cfg: cfg}
 	if cfg.Sender != nil {
-		p.send = timeoutSender{cfg.Sender, cfg.PublishTimeout}
+		p.send = sender.WithTimeout(cfg.Sender, cfg.PublishTimeout)
 	}
 	return p, nil
 }
@@ -269,18 +269,6 @@ func (p *Policy) DelayQueues(queue string) (idemq.Sender, []idemq.DelayQueue) {
 		out = append(out, idemq.DelayQueue{Name: name, Delay: d})
 	}
 	return p.send, out
-}
-
-// timeoutSender bounds each publish (with its confirm).
-type timeoutSender struct {
-	s idemq.Sender
-	d time.Duration
-}
-
-func (t timeoutSender) Publish(ctx context.Context, m idemq.Message) error {
-	ctx, cancel := context.WithTimeout(ctx, t.d)
-	defer cancel()
-	return t.s.Publish(ctx, m)
 }
 
 // unpublishable reports whether a republish error is one no wait can fix:

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/sender"
 )
 
 // ReasonSuspectedDuplicate is the reason the router writes (idemq.HeaderReason).
@@ -90,7 +91,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Router{cfg: cfg, send: timeoutSender{cfg.Sender, cfg.Timeout}}, nil
+	return &Router{cfg: cfg, send: sender.WithTimeout(cfg.Sender, cfg.Timeout)}, nil
 }
 
 // DelayQueues is the wrapped policy's ([idemq.DelayedRetries]): the
@@ -142,18 +143,6 @@ func (r *Router) suspect(d *idemq.Delivery, sde *SuspectedDuplicateError) idemq.
 	m := d.Message("", queue, headers)
 	m.ID = suspectID(d, sde.Key)
 	return m
-}
-
-// timeoutSender bounds each publish (with its confirm).
-type timeoutSender struct {
-	s idemq.Sender
-	d time.Duration
-}
-
-func (t timeoutSender) Publish(ctx context.Context, m idemq.Message) error {
-	ctx, cancel := context.WithTimeout(ctx, t.d)
-	defer cancel()
-	return t.s.Publish(ctx, m)
 }
 
 // suspectID keeps the message ID; a delivery whose ID came from elsewhere
