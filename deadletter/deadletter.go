@@ -30,6 +30,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
@@ -119,7 +120,7 @@ func Read(pos int, d *amqp.Delivery, detail bool) *Entry {
 	}
 	e.ErrorClass, _ = hstr(h, idemq.HeaderErrorClass)
 	e.Error, _ = hstr(h, idemq.HeaderError)
-	if n, ok := retry.Int(h[idemq.HeaderAttempts]); ok {
+	if n, ok := headerval.Count(h[idemq.HeaderAttempts]); ok {
 		e.Attempts = n
 	}
 	e.FirstFailure, _ = hstr(h, idemq.HeaderFirstFailure)
@@ -564,6 +565,6 @@ func Republish(d *amqp.Delivery, exchange, routingKey string, now time.Time) ide
 		}
 		h[k] = v
 	}
-	h[idemq.HeaderReplayedAt] = now.UTC().Format(retry.TimeFormat)
+	h[idemq.HeaderReplayedAt] = now.UTC().Format(headerval.TimeFormat)
 	return idemq.MessageOf(d, exchange, routingKey, h)
 }

@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 // ArchiveSuffix is appended to a dead-letter queue's name to name its
@@ -158,6 +158,6 @@ func Archived(d *amqp.Delivery, queue string, now time.Time) idemq.Message {
 		}
 		h[k] = v
 	}
-	h[HeaderArchivedAt] = now.UTC().Format(retry.TimeFormat)
+	h[HeaderArchivedAt] = now.UTC().Format(headerval.TimeFormat)
 	return idemq.MessageOf(d, "", queue, h)
 }

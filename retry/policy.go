@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/internal/sender"
 	"github.com/idemq/idemq/topology"
 )
@@ -451,7 +452,7 @@ func (p *Policy) holdDeadLetter(d *idemq.Delivery, dec idemq.Decision, err error
 	}
 	h[idemq.HeaderDeadLetterHeld] = reason
 	h[idemq.HeaderQueue] = d.Queue
-	n, _ := Int(h[idemq.HeaderRequeues])
+	n, _ := headerval.Count(h[idemq.HeaderRequeues])
 	h[idemq.HeaderRequeues] = n + 1 // with x-idemq-queue: the marker of idemq's own path
 	bound(h, p.cfg.ErrorTextLimit)
 	q := d.Queue
@@ -474,7 +475,7 @@ func (p *Policy) holdDeadLetter(d *idemq.Delivery, dec idemq.Decision, err error
 // holdDeadLetter) with the reason and the error it was held with.
 func (p *Policy) deadLetterHeld(d *idemq.Delivery, reason string) idemq.Decision {
 	text, _ := strOK(d.Headers[idemq.HeaderError])
-	attempts, _ := Int(d.Headers[idemq.HeaderAttempts])
+	attempts, _ := headerval.Count(d.Headers[idemq.HeaderAttempts])
 	dec := p.deadLetter(d, reason, heldError(text), int(attempts))
 	if dec.Message != nil {
 		h := dec.Message.Headers
@@ -632,7 +633,7 @@ func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error)
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
 	h[idemq.HeaderQueue] = d.Queue // with x-idemq-requeues: the marker of idemq's own path
-	n, _ := Int(h[idemq.HeaderRequeues])
+	n, _ := headerval.Count(h[idemq.HeaderRequeues])
 	h[idemq.HeaderRequeues] = n + 1
 	if !due.IsZero() {
 		h[idemq.HeaderDue] = due.UnixMilli()
@@ -663,11 +664,11 @@ func (p *Policy) deadLetter(d *idemq.Delivery, reason string, cause error, attem
 	delete(h, idemq.HeaderAttempt)
 	h[idemq.HeaderReason] = reason
 	h[idemq.HeaderAttempts] = int64(attempts)
-	h[idemq.HeaderDeadLetteredAt] = now.UTC().Format(TimeFormat)
+	h[idemq.HeaderDeadLetteredAt] = now.UTC().Format(headerval.TimeFormat)
 	msg := republish(d, "", q, h)
 	if idemq.ValidateID(msg.ID) != nil {
 		if d.MessageID != "" {
-			h[idemq.HeaderOriginalMessageID] = Truncate(d.MessageID, maxOriginalIDText)
+			h[idemq.HeaderOriginalMessageID] = headerval.Truncate(d.MessageID, maxOriginalIDText)
 		}
 		msg.ID = idemq.NewMessageID()
 	}
@@ -678,12 +679,12 @@ func (p *Policy) deadLetter(d *idemq.Delivery, reason string, cause error, attem
 func (p *Policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) amqp.Table {
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
-	ts := now.UTC().Format(TimeFormat)
+	ts := now.UTC().Format(headerval.TimeFormat)
 	if _, ok := strOK(h[idemq.HeaderFirstFailure]); !ok {
 		h[idemq.HeaderFirstFailure] = ts
 	}
 	h[idemq.HeaderLastFailure] = ts
-	h[idemq.HeaderError] = Truncate(errText(cause), p.cfg.ErrorTextLimit)
+	h[idemq.HeaderError] = headerval.Truncate(errText(cause), p.cfg.ErrorTextLimit)
 	h[idemq.HeaderErrorClass] = idemq.ReasonOf(cause)
 	if d.Group != "" {
 		h[idemq.HeaderGroup] = d.Group

@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/deadletter"
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -255,7 +255,7 @@ func printList(cio *cmdIO, dlq string, total, dups int, entries []*deadletter.En
 
 // shortTime prints a header timestamp to the second (fixed width, for tables).
 func shortTime(s string) string {
-	t, err := time.Parse(retry.TimeFormat, s)
+	t, err := time.Parse(headerval.TimeFormat, s)
 	if err != nil {
 		return s
 	}

@@ -17,7 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemq/idemq/deadletter"
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 func oneLine(s string, max int) string {
@@ -37,7 +37,7 @@ func orDash(s string) string {
 }
 
 func shortTime(s string) string {
-	t, err := time.Parse(retry.TimeFormat, s)
+	t, err := time.Parse(headerval.TimeFormat, s)
 	if err != nil {
 		return s
 	}
