@@ -11,38 +11,11 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
-	"time"
-	"unicode/utf8"
 
 	"github.com/idemq/idemq/deadletter"
-	"github.com/idemq/idemq/internal/headerval"
+	"github.com/idemq/idemq/internal/display"
 )
-
-func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) > max {
-		r := []rune(s)
-		s = string(r[:max-1]) + "…"
-	}
-	return s
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func shortTime(s string) string {
-	t, err := time.Parse(headerval.TimeFormat, s)
-	if err != nil {
-		return s
-	}
-	return t.UTC().Format("2006-01-02 15:04:05Z")
-}
 
 // qlock is the lock of one dead-letter queue: a list or an operation at a
 // time (two readers would split the messages between them).
@@ -354,7 +327,7 @@ func (s *Server) run(ctx context.Context, j *job, p queuePair, sc scope, expect 
 			Publisher: s.pub, Progress: progress})
 		sum := fmt.Sprintf("replayed %d to work queue %s, duplicates dropped %d, failed %d", len(res.Replayed), p.Work, len(res.Duplicates), len(res.Failed))
 		for _, f := range res.Failed {
-			sum += fmt.Sprintf("; %s: %s", orDash(f.MessageID), f.Error)
+			sum += fmt.Sprintf("; %s: %s", display.OrDash(f.MessageID), f.Error)
 		}
 		return sum, err
 	case "purge":
