@@ -628,8 +628,8 @@ func TestValidate(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err %v, want ErrConfig mentioning %s", err, tt.want)
+			if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want ErrInvalidConfig mentioning %s", err, tt.want)
 			}
 			if _, err2 := New(tt.cfg); err2 == nil {
 				t.Fatal("New accepted it")

@@ -173,8 +173,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ErrConfig is wrapped by every error [Config.Validate] returns.
-var ErrConfig = errors.New("retry: invalid configuration")
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("retry: invalid configuration")
 
 // Validate reports a configuration whose republishes could never succeed,
 // so it fails at startup rather than at the first failed delivery: a
@@ -218,7 +218,7 @@ func (c Config) Validate() error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 }
 
 // Policy is idemq's failure policy: an [idemq.FailurePolicy] whose

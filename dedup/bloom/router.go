@@ -41,9 +41,6 @@ type RouterConfig struct {
 	Timeout time.Duration
 }
 
-// ErrInvalidRouterConfig is wrapped by [RouterConfig.Validate]'s errors.
-var ErrInvalidRouterConfig = errors.New("bloom: invalid router config")
-
 func (c RouterConfig) withDefaults() RouterConfig {
 	if c.Policy == nil {
 		c.Policy = idemq.BasePolicy{}
@@ -58,9 +55,10 @@ func (c RouterConfig) withDefaults() RouterConfig {
 }
 
 // Validate reports a configuration the router cannot run with: no Sender.
+// Its error wraps [ErrInvalidConfig].
 func (c RouterConfig) Validate() error {
 	if c.Sender == nil {
-		return fmt.Errorf("%w: nil Sender", ErrInvalidRouterConfig)
+		return fmt.Errorf("%w: RouterConfig: nil Sender", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -181,7 +181,7 @@ var _ dedup.Store = (*Store)(nil)
 // NewStore returns a tiered store.
 func NewStore(cfg StoreConfig) (*Store, error) {
 	if cfg.Leases == nil || cfg.Filter == nil {
-		return nil, fmt.Errorf("%w: StoreConfig.Leases and StoreConfig.Filter are required", ErrConfig)
+		return nil, fmt.Errorf("%w: StoreConfig.Leases and StoreConfig.Filter are required", ErrInvalidConfig)
 	}
 	if cfg.Hold <= 0 {
 		cfg.Hold = 30 * time.Second

@@ -73,6 +73,9 @@ var (
 	_ dedup.IdleForgetter   = (*Store)(nil)
 )
 
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("redisstore: invalid config")
+
 // ErrNoClient is returned by [New] without a Redis client.
 var ErrNoClient = errors.New("redisstore: a Redis client is required")
 
@@ -80,7 +83,7 @@ var ErrNoClient = errors.New("redisstore: a Redis client is required")
 // or WaitTimeout.
 func (c Config) Validate() error {
 	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
-		return fmt.Errorf("redisstore: negative WaitReplicas %d or WaitTimeout %v", c.WaitReplicas, c.WaitTimeout)
+		return fmt.Errorf("%w: negative WaitReplicas %d or WaitTimeout %v", ErrInvalidConfig, c.WaitReplicas, c.WaitTimeout)
 	}
 	return nil
 }

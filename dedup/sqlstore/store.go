@@ -64,12 +64,18 @@ var (
 	_ dedup.IdleForgetter = (*Store)(nil)
 )
 
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("sqlstore: invalid config")
+
 // Validate checks cfg (after its defaults are filled).
 func (cfg Config) Validate(d *sqldb.Dialect) error {
 	if cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 {
-		return errors.New("sqlstore: negative PurgeInterval or PurgeBatch")
+		return fmt.Errorf("%w: negative PurgeInterval or PurgeBatch", ErrInvalidConfig)
 	}
-	return d.CheckTable(cfg.Table)
+	if err := d.CheckTable(cfg.Table); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
 }
 
 // New returns a store on db (postgres.Pgx(pool), postgres.Std(db),
