@@ -205,18 +205,23 @@ func (c *Conn) Purge(queue string) (int, error) {
 	return n, nil
 }
 
-// queueExists checks queue with a passive declare on a channel of its own
-// (a failed passive declare closes the channel).
-func (c *Conn) queueExists(queue string) error {
+// onOwnChannel runs f on a channel of its own, closed afterwards (a
+// failed declare closes its channel).
+func (c *Conn) onOwnChannel(f func(ch *amqp.Channel) error) error {
 	ch, err := c.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+	return f(ch)
+}
+
+// queueExists checks queue with a passive declare on a channel of its own.
+func (c *Conn) queueExists(queue string) error {
+	return c.onOwnChannel(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		return err
-	}
-	return nil
+	})
 }
 
 // peek takes up to the queue's current count of messages without acking

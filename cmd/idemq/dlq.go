@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -73,6 +74,16 @@ func (f *dlqFlags) queue(arg string) string {
 	return topology.DLQName(arg)
 }
 
+// list reads the dead letters of dlq that opts selects (non-destructive).
+func (f *dlqFlags) list(ctx context.Context, dlq string, opts deadletter.ListOptions) (total int, entries []*deadletter.Entry, err error) {
+	c, err := deadletter.Open(amqpURL(f.url))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer c.Close()
+	return c.List(ctx, dlq, opts)
+}
+
 // filter selects dead letters by reason and ID (empty: everything).
 type filter struct {
 	reasons []string
@@ -118,12 +129,7 @@ func newDLQListCmd(f *dlqFlags, detail bool) *cobra.Command {
 				return err
 			}
 			dlq := f.queue(args[0])
-			c, err := deadletter.Open(amqpURL(f.url))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			total, entries, err := c.List(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match, Limit: limit, Detail: detail})
+			total, entries, err := f.list(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match, Limit: limit, Detail: detail})
 			if err != nil {
 				return err
 			}
@@ -170,12 +176,7 @@ func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
 				return err
 			}
 			dlq := f.queue(args[0])
-			c, err := deadletter.Open(amqpURL(f.url))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			total, entries, err := c.List(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match})
+			total, entries, err := f.list(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match})
 			if err != nil {
 				return err
 			}

@@ -250,14 +250,24 @@ func (s *Server) count(ctx context.Context, p queuePair, sc scope) (n, copies, t
 	return n, copies, ls.Total, g, nil
 }
 
-func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+// pairScope is the queue pair and the scope a confirmation or an action
+// names; ok is false once the request was refused.
+func (s *Server) pairScope(w http.ResponseWriter, r *http.Request) (queuePair, scope, bool) {
 	p, ok := s.pair(w, r)
 	if !ok {
-		return
+		return queuePair{}, scope{}, false
 	}
 	sc, err := parseScope(r)
 	if err != nil {
 		s.refuse(w, r, http.StatusBadRequest, err.Error())
+		return queuePair{}, scope{}, false
+	}
+	return p, sc, true
+}
+
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+	p, sc, ok := s.pairScope(w, r)
+	if !ok {
 		return
 	}
 	data := map[string]any{"Q": p, "S": sc, "Archive": deadletter.ArchiveName(p.DLQ)}
@@ -279,13 +289,8 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) act(w http.ResponseWriter, r *http.Request) {
-	p, ok := s.pair(w, r)
+	p, sc, ok := s.pairScope(w, r)
 	if !ok {
-		return
-	}
-	sc, err := parseScope(r)
-	if err != nil {
-		s.refuse(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
 	expect, err := strconv.Atoi(r.FormValue("expect"))

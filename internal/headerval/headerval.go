@@ -17,11 +17,28 @@ const TimeFormat = time.RFC3339Nano
 // overflow arithmetic.
 const maxCount = math.MaxInt32
 
-// Int64 reads an integer header value of any AMQP integer type, or a
-// decimal string ([]byte too, spaces trimmed). ok is false for anything
-// else, and for a uint64 beyond math.MaxInt64.
+// Int64 reads an integer header value: an [Integer], or a decimal string
+// ([]byte too, spaces trimmed). ok is false for anything else.
 func Int64(v any) (int64, bool) {
 	switch x := v.(type) {
+	case string:
+		return parse(x)
+	case []byte:
+		return parse(string(x))
+	}
+	return Integer(v)
+}
+
+// Integer reads a table value of any Go integer type (the AMQP ones, int
+// and uint); ok is false for anything else, strings included, and beyond
+// math.MaxInt64.
+func Integer(v any) (int64, bool) {
+	switch x := v.(type) {
+	case uint:
+		if uint64(x) > math.MaxInt64 {
+			return 0, false
+		}
+		return int64(x), true
 	case int:
 		return int64(x), true
 	case int8:
@@ -43,10 +60,6 @@ func Int64(v any) (int64, bool) {
 			return 0, false
 		}
 		return int64(x), true
-	case string:
-		return parse(x)
-	case []byte:
-		return parse(string(x))
 	}
 	return 0, false
 }

@@ -59,3 +59,19 @@ func TestTruncate(t *testing.T) {
 		}
 	}
 }
+
+func TestInteger(t *testing.T) {
+	for _, tt := range []struct {
+		v    any
+		want int64
+		ok   bool
+	}{
+		{int(-1), -1, true}, {uint(7), 7, true}, {uint64(math.MaxUint64), 0, false}, {int64(math.MaxInt64), math.MaxInt64, true},
+		{"42", 0, false}, {[]byte("1"), 0, false}, {1.0, 0, false}, {nil, 0, false},
+	} {
+		got, ok := headerval.Integer(tt.v)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("Integer(%T %v) = %d, %v; want %d, %v", tt.v, tt.v, got, ok, tt.want, tt.ok)
+		}
+	}
+}

@@ -2,7 +2,6 @@ package redisbloom
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -158,27 +157,9 @@ add_bits(KEYS[2], KEYS[3], ARGV[3], ARGV[4], 5)
 return ours
 `)
 
-func storeErr(op string, err error) error {
-	var se *dedup.StoreError
-	if errors.As(err, &se) {
-		return err
-	}
-	return &dedup.StoreError{Op: op, Err: err}
-}
-
-func prepare(ctx context.Context, op, key string) error {
-	if err := dedup.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return &dedup.StoreError{Op: op, Err: err}
-	}
-	return nil
-}
-
 // Claim implements [dedup.Store].
 func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
-	if err := prepare(ctx, "claim", key); err != nil {
+	if err := dedup.CheckOp(ctx, "claim", key); err != nil {
 		return dedup.Claim{}, err
 	}
 	c, err := s.claim(ctx, key, token, lease, false)
@@ -199,7 +180,7 @@ func (s *Store) maybe(ctx context.Context, key, token string, lease time.Duratio
 	}
 	done, err := s.cfg.Verifier.Done(ctx, key)
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", fmt.Errorf("bloom verifier: %w", err))
+		return dedup.Claim{}, dedup.WrapStoreError("claim", fmt.Errorf("bloom verifier: %w", err))
 	}
 	if done {
 		rec.Add(bloom.CountVerifiedDone, 1)
@@ -235,7 +216,7 @@ func (s *Store) claimArgs(key, token string, lease time.Duration, skipFilter boo
 func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
 	vals, err := cmd.Int64Slice()
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", err)
+		return dedup.Claim{}, dedup.WrapStoreError("claim", err)
 	}
 	if len(vals) == 2 && vals[0] == 4 {
 		return dedup.Claim{}, nil
@@ -243,7 +224,7 @@ func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
 	if c, ok := redisrecord.Claim(vals); ok {
 		return c, nil
 	}
-	return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
+	return dedup.Claim{}, dedup.WrapStoreError("claim", fmt.Errorf("unexpected script reply %v", vals))
 }
 
 // Complete implements [dedup.Store]: the record of truth first (when the
@@ -252,12 +233,12 @@ func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
 // current generation. The filter's own window applies to the bits (see
 // bloom.Store.Complete on windows).
 func (s *Store) Complete(ctx context.Context, key, token string, window time.Duration) error {
-	if err := prepare(ctx, "complete", key); err != nil {
+	if err := dedup.CheckOp(ctx, "complete", key); err != nil {
 		return err
 	}
 	if s.marker != nil {
 		if err := s.marker.MarkDone(ctx, key, window); err != nil {
-			return storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+			return dedup.WrapStoreError("complete", fmt.Errorf("bloom record of truth: %w", err))
 		}
 	}
 	keys, args := s.completeArgs(key, token, window, s.f.p.Gen(s.f.now()))
@@ -278,7 +259,7 @@ func (s *Store) completeArgs(key, token string, window time.Duration, g int64) (
 func (s *Store) completeReply(ctx context.Context, cmd *redis.Cmd, window time.Duration) error {
 	n, err := cmd.Int64()
 	if err != nil {
-		return storeErr("complete", err)
+		return dedup.WrapStoreError("complete", err)
 	}
 	if window > s.f.p.Window {
 		s.rec(ctx).Add(bloom.CountWindowExceeded, 1)
@@ -296,7 +277,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 	out := make([]dedup.ClaimReply, len(reqs))
 	var idx []int
 	for i, r := range reqs {
-		if err := prepare(ctx, "claim", r.Key); err != nil {
+		if err := dedup.CheckOp(ctx, "claim", r.Key); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -341,14 +322,14 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 	var g errgroup.Group
 	g.SetLimit(sideCalls)
 	for i, r := range reqs {
-		if err := prepare(ctx, "complete", r.Key); err != nil {
+		if err := dedup.CheckOp(ctx, "complete", r.Key); err != nil {
 			out[i] = err
 			continue
 		}
 		if s.marker != nil {
 			g.Go(func() error {
 				if err := s.marker.MarkDone(ctx, r.Key, r.Window); err != nil {
-					out[i] = storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+					out[i] = dedup.WrapStoreError("complete", fmt.Errorf("bloom record of truth: %w", err))
 				}
 				return nil
 			})
@@ -373,12 +354,12 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 }
 
 func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
-	if err := prepare(ctx, op, key); err != nil {
+	if err := dedup.CheckOp(ctx, op, key); err != nil {
 		return err
 	}
 	n, err := script.Run(ctx, s.c, []string{s.RecordKey(key)}, args...).Int64()
 	if err != nil {
-		return storeErr(op, err)
+		return dedup.WrapStoreError(op, err)
 	}
 	if n != 1 {
 		return dedup.ErrLeaseLost
