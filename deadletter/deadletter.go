@@ -30,6 +30,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/internal/redact"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
@@ -119,7 +120,7 @@ func Read(pos int, d *amqp.Delivery, detail bool) *Entry {
 	}
 	e.ErrorClass, _ = hstr(h, idemq.HeaderErrorClass)
 	e.Error, _ = hstr(h, idemq.HeaderError)
-	if n, ok := retry.Int(h[idemq.HeaderAttempts]); ok {
+	if n, ok := headerval.Count(h[idemq.HeaderAttempts]); ok {
 		e.Attempts = n
 	}
 	e.FirstFailure, _ = hstr(h, idemq.HeaderFirstFailure)
@@ -204,18 +205,23 @@ func (c *Conn) Purge(queue string) (int, error) {
 	return n, nil
 }
 
-// queueExists checks queue with a passive declare on a channel of its own
-// (a failed passive declare closes the channel).
-func (c *Conn) queueExists(queue string) error {
+// onOwnChannel runs f on a channel of its own, closed afterwards (a
+// failed declare closes its channel).
+func (c *Conn) onOwnChannel(f func(ch *amqp.Channel) error) error {
 	ch, err := c.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+	return f(ch)
+}
+
+// queueExists checks queue with a passive declare on a channel of its own.
+func (c *Conn) queueExists(queue string) error {
+	return c.onOwnChannel(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		return err
-	}
-	return nil
+	})
 }
 
 // peek takes up to the queue's current count of messages without acking
@@ -564,6 +570,6 @@ func Republish(d *amqp.Delivery, exchange, routingKey string, now time.Time) ide
 		}
 		h[k] = v
 	}
-	h[idemq.HeaderReplayedAt] = now.UTC().Format(retry.TimeFormat)
+	h[idemq.HeaderReplayedAt] = now.UTC().Format(headerval.TimeFormat)
 	return idemq.MessageOf(d, exchange, routingKey, h)
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 // Masks of [NormalizeError].
@@ -83,7 +83,7 @@ type Group struct {
 	Count      int `json:"count"`
 	Duplicates int `json:"duplicates,omitempty"`
 	// FirstFailure and LastFailure span the group's failures
-	// (retry.TimeFormat, as in the headers; "" when none said).
+	// (time.RFC3339Nano, as in the headers; "" when none said).
 	FirstFailure string `json:"first_failure,omitempty"`
 	LastFailure  string `json:"last_failure,omitempty"`
 	// MessageIDs are the first few message IDs of the group.
@@ -95,8 +95,8 @@ const maxGroupIDs = 5
 
 // before: header time a is before b (text order when either does not parse).
 func before(a, b string) bool {
-	ta, errA := time.Parse(retry.TimeFormat, a)
-	tb, errB := time.Parse(retry.TimeFormat, b)
+	ta, errA := time.Parse(headerval.TimeFormat, a)
+	tb, errB := time.Parse(headerval.TimeFormat, b)
 	if errA != nil || errB != nil {
 		return a < b
 	}

@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 // ArchiveSuffix is appended to a dead-letter queue's name to name its
@@ -135,15 +135,12 @@ func (c *Conn) Remove(ctx context.Context, opts RemoveOptions) (RemoveResult, er
 }
 
 func (c *Conn) declareArchive(queue string) error {
-	ch, err := c.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("deadletter: declare archive queue %q: %w", queue, err)
-	}
-	return nil
+	return c.onOwnChannel(func(ch *amqp.Channel) error {
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("deadletter: declare archive queue %q: %w", queue, err)
+		}
+		return nil
+	})
 }
 
 // Archived is the copy of dead letter d that [Conn.Remove] sends to queue
@@ -158,6 +155,6 @@ func Archived(d *amqp.Delivery, queue string, now time.Time) idemq.Message {
 		}
 		h[k] = v
 	}
-	h[HeaderArchivedAt] = now.UTC().Format(retry.TimeFormat)
+	h[HeaderArchivedAt] = now.UTC().Format(headerval.TimeFormat)
 	return idemq.MessageOf(d, "", queue, h)
 }

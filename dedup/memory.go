@@ -85,19 +85,9 @@ func (m *Memory) put(key string, e *memEntry) {
 	}
 }
 
-func check(ctx context.Context, op, key string) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return &StoreError{Op: op, Err: err}
-	}
-	return nil
-}
-
 // Claim implements [Store].
 func (m *Memory) Claim(ctx context.Context, key, token string, lease time.Duration) (Claim, error) {
-	if err := check(ctx, "claim", key); err != nil {
+	if err := CheckOp(ctx, "claim", key); err != nil {
 		return Claim{}, err
 	}
 	m.mu.Lock()
@@ -120,7 +110,7 @@ func (m *Memory) Claim(ctx context.Context, key, token string, lease time.Durati
 
 // Complete implements [Store].
 func (m *Memory) Complete(ctx context.Context, key, token string, window time.Duration) error {
-	if err := check(ctx, "complete", key); err != nil {
+	if err := CheckOp(ctx, "complete", key); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -142,7 +132,7 @@ func (m *Memory) Complete(ctx context.Context, key, token string, window time.Du
 
 // Release implements [Store].
 func (m *Memory) Release(ctx context.Context, key, token string) error {
-	if err := check(ctx, "release", key); err != nil {
+	if err := CheckOp(ctx, "release", key); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -161,7 +151,7 @@ func (m *Memory) Release(ctx context.Context, key, token string) error {
 
 // Extend implements [Store].
 func (m *Memory) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := check(ctx, "extend", key); err != nil {
+	if err := CheckOp(ctx, "extend", key); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -180,7 +170,7 @@ func (m *Memory) Extend(ctx context.Context, key, token string, lease time.Durat
 
 // Get implements [Inspector].
 func (m *Memory) Get(ctx context.Context, key string) (Record, bool, error) {
-	if err := check(ctx, "get", key); err != nil {
+	if err := CheckOp(ctx, "get", key); err != nil {
 		return Record{}, false, err
 	}
 	m.mu.Lock()
@@ -194,7 +184,7 @@ func (m *Memory) Get(ctx context.Context, key string) (Record, bool, error) {
 
 // Forget implements [Inspector].
 func (m *Memory) Forget(ctx context.Context, key string) error {
-	if err := check(ctx, "forget", key); err != nil {
+	if err := CheckOp(ctx, "forget", key); err != nil {
 		return err
 	}
 	m.mu.Lock()

@@ -150,6 +150,30 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// CheckOp is the check a Store makes before operation op (claim,
+// complete, ...) on key touches its backend: ValidateKey's error for an
+// invalid key, a [*StoreError] for op wrapping ctx's error once ctx is
+// done, else nil.
+func CheckOp(ctx context.Context, op, key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return &StoreError{Op: op, Err: err}
+	}
+	return nil
+}
+
+// WrapStoreError returns err as a [*StoreError] for op, or err itself when
+// it already holds one.
+func WrapStoreError(op string, err error) error {
+	var se *StoreError
+	if errors.As(err, &se) {
+		return err
+	}
+	return &StoreError{Op: op, Err: err}
+}
+
 // BatchStore is implemented by stores that can answer many claims, or many
 // completes, in one round trip (Redis: one pipeline). When the store has it,
 // the guard groups the Claim and Complete calls its concurrent deliveries

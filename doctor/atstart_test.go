@@ -52,7 +52,7 @@ func TestConsumerRunsTheDoctorAtStart(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: amqpURL, Queue: p.Queue, Logger: log,
 		Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })},
-		AtStart: doctor.AtStart(log, doctor.Config{Topology: top, AMQPURL: amqpURL})})
+		AtStart:  doctor.AtStart(log, doctor.Config{Topology: top, AMQPURL: amqpURL})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,9 +55,13 @@ type Config struct {
 
 // Errors from the inbox.
 var (
+	// ErrInvalidConfig is wrapped by every error [New] returns for a
+	// Config it refuses.
+	ErrInvalidConfig = errors.New("inbox: invalid config")
 	// ErrWindowTooShort: Config.Window is shorter than Config.RetryHorizon,
 	// so a retried message could find its inbox row purged and run twice.
-	ErrWindowTooShort = errors.New("inbox: retention window shorter than the retry horizon")
+	// It wraps [ErrInvalidConfig].
+	ErrWindowTooShort = fmt.Errorf("%w: retention window shorter than the retry horizon", ErrInvalidConfig)
 	// ErrInvalidGroup: an empty group name or one longer than
 	// MaxGroupLength bytes.
 	ErrInvalidGroup = errors.New("inbox: invalid consumer group")
@@ -102,7 +106,7 @@ func New[T any](ctx context.Context, db sqldb.Native[T], cfg Config) (*Inbox[T],
 	}
 	if cfg.Group != "" {
 		if err := validGroup(cfg.Group); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: Group: %w", ErrInvalidConfig, err)
 		}
 	}
 	if cfg.PurgeInterval <= 0 {

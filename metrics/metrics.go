@@ -30,8 +30,9 @@ type Config struct {
 	CriticalTimeBuckets []float64
 }
 
-// ErrConfig is returned for a configuration New cannot use.
-var ErrConfig = errors.New("metrics: invalid config")
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns,
+// and by New's for a configuration it cannot use.
+var ErrInvalidConfig = errors.New("metrics: invalid config")
 
 var namespaceRe = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 
@@ -39,11 +40,11 @@ var namespaceRe = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 // without a Gatherer.
 func (c Config) Validate() error {
 	if c.Namespace != "" && !namespaceRe.MatchString(c.Namespace) {
-		return errors.Join(ErrConfig, errors.New("namespace "+c.Namespace+" is not a metric name"))
+		return errors.Join(ErrInvalidConfig, errors.New("namespace "+c.Namespace+" is not a metric name"))
 	}
 	if c.Registerer != nil && c.Gatherer == nil {
 		if _, ok := c.Registerer.(prometheus.Gatherer); !ok {
-			return errors.Join(ErrConfig, errors.New("a Registerer that is not a Gatherer needs Config.Gatherer"))
+			return errors.Join(ErrInvalidConfig, errors.New("a Registerer that is not a Gatherer needs Config.Gatherer"))
 		}
 	}
 	return nil
@@ -205,7 +206,7 @@ func New(cfg Config) (*Metrics, error) {
 		m.inboxTxDur, m.inboxTx, m.inboxBatch, m.inboxFallbacks, m.watched, m.bloom}
 	for _, c := range cs {
 		if err := cfg.Registerer.Register(c); err != nil {
-			return nil, errors.Join(ErrConfig, err)
+			return nil, errors.Join(ErrInvalidConfig, err)
 		}
 	}
 	return m, nil

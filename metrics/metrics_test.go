@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -107,8 +108,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bad namespace", metrics.Config{Namespace: "1-x"}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if err := c.cfg.Validate(); (err == nil) != c.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, c.ok)
+			if err := c.cfg.Validate(); (err == nil) != c.ok || (err != nil && !errors.Is(err, metrics.ErrInvalidConfig)) {
+				t.Fatalf("Validate() = %v, want ok=%v (else ErrInvalidConfig)", err, c.ok)
 			}
 		})
 	}

@@ -31,17 +31,12 @@ const (
 	GaugeBlocked = "outbox_blocked"
 )
 
-// Publisher is what the relay needs from an [idemq.Publisher].
-type Publisher interface {
-	Publish(ctx context.Context, msg idemq.Message) error
-}
-
-// BatchPublisher is a [Publisher] that can also publish many messages in
-// one call, errs[i] being the outcome of msgs[i] ([idemq.Publisher] is
+// BatchPublisher is an [idemq.Sender] that can also publish many messages
+// in one call, errs[i] being the outcome of msgs[i] ([idemq.Publisher] is
 // one). The relay then publishes each claimed batch with one call instead
 // of one Publish per row.
 type BatchPublisher interface {
-	Publisher
+	idemq.Sender
 	PublishBatch(ctx context.Context, msgs []idemq.Message) (errs []error)
 }
 
@@ -57,8 +52,10 @@ type Hooks struct {
 // RelayConfig configures a [Relay]. Store and Publisher are required; every
 // other field has a documented default.
 type RelayConfig struct {
-	Store     Store
-	Publisher Publisher
+	Store Store
+	// Publisher publishes the rows, with confirms (an *idemq.Publisher;
+	// a [BatchPublisher] publishes a batch in one call).
+	Publisher idemq.Sender
 	// Owner identifies this relay in the lease column. Default
 	// "<hostname>-<pid>-<random>".
 	Owner string
@@ -149,22 +146,26 @@ type nopRecorder struct{}
 
 func (nopRecorder) Add(string, int64) {}
 
+// ErrInvalidConfig is wrapped by every error [RelayConfig.Validate]
+// returns.
+var ErrInvalidConfig = errors.New("outbox: invalid config")
+
 // Validate reports a configuration [NewRelay] refuses: no Store or
 // Publisher, a negative setting, or a PublishTimeout not below Lease (a
 // row would be claimed again while its publish may still land).
 func (c RelayConfig) Validate() error {
 	switch {
 	case c.Store == nil:
-		return errors.New("outbox: RelayConfig.Store is required")
+		return fmt.Errorf("%w: RelayConfig.Store is required", ErrInvalidConfig)
 	case c.Publisher == nil:
-		return errors.New("outbox: RelayConfig.Publisher is required")
+		return fmt.Errorf("%w: RelayConfig.Publisher is required", ErrInvalidConfig)
 	case c.BatchSize < 0, c.Concurrency < 0, c.MaxAttempts < 0, c.PurgeBatch < 0:
-		return fmt.Errorf("outbox: RelayConfig: negative BatchSize %d, Concurrency %d, MaxAttempts %d or PurgeBatch %d",
-			c.BatchSize, c.Concurrency, c.MaxAttempts, c.PurgeBatch)
+		return fmt.Errorf("%w: RelayConfig: negative BatchSize %d, Concurrency %d, MaxAttempts %d or PurgeBatch %d",
+			ErrInvalidConfig, c.BatchSize, c.Concurrency, c.MaxAttempts, c.PurgeBatch)
 	case c.Lease < 0, c.PublishTimeout < 0, c.PollInterval < 0, c.MaxPollInterval < 0, c.PurgeInterval < 0, c.StatsInterval < 0:
-		return errors.New("outbox: RelayConfig: negative Lease, PublishTimeout, PollInterval, MaxPollInterval, PurgeInterval or StatsInterval")
+		return fmt.Errorf("%w: RelayConfig: negative Lease, PublishTimeout, PollInterval, MaxPollInterval, PurgeInterval or StatsInterval", ErrInvalidConfig)
 	case c.Lease > 0 && c.PublishTimeout >= c.Lease:
-		return fmt.Errorf("outbox: RelayConfig.PublishTimeout %v must be below Lease %v", c.PublishTimeout, c.Lease)
+		return fmt.Errorf("%w: RelayConfig.PublishTimeout %v must be below Lease %v", ErrInvalidConfig, c.PublishTimeout, c.Lease)
 	}
 	return nil
 }
@@ -262,7 +263,7 @@ func (r *Relay) Wake() {
 // configuration is unusable.
 func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Store == nil || r.cfg.Publisher == nil {
-		return errors.New("outbox: RelayConfig.Store and RelayConfig.Publisher are required")
+		return fmt.Errorf("%w: RelayConfig.Store and RelayConfig.Publisher are required", ErrInvalidConfig)
 	}
 	bg, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

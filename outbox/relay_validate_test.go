@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -30,8 +31,8 @@ func TestNewRelayValidates(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := outbox.NewRelay(tt.cfg)
-			if err == nil || r != nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("NewRelay = %v, %v; want an error naming %q", r, err, tt.want)
+			if err == nil || r != nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, outbox.ErrInvalidConfig) {
+				t.Fatalf("NewRelay = %v, %v; want an ErrInvalidConfig naming %q", r, err, tt.want)
 			}
 		})
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -280,10 +281,10 @@ func TestDecide(t *testing.T) {
 			if _, ok := m.Headers[idemq.HeaderDeliveryCount]; ok {
 				t.Error("x-delivery-count republished")
 			}
-			if n, _ := Int(m.Headers[idemq.HeaderAttempt]); n != w.attempt {
+			if n, _ := headerval.Count(m.Headers[idemq.HeaderAttempt]); n != w.attempt {
 				t.Errorf("x-idemq-attempt %v, want %d", m.Headers[idemq.HeaderAttempt], w.attempt)
 			}
-			if n, _ := Int(m.Headers[idemq.HeaderRequeues]); n != w.requeues {
+			if n, _ := headerval.Count(m.Headers[idemq.HeaderRequeues]); n != w.requeues {
 				t.Errorf("x-idemq-requeues %v, want %d", m.Headers[idemq.HeaderRequeues], w.requeues)
 			}
 			if m.Headers[idemq.HeaderQueue] != "q" {
@@ -293,7 +294,7 @@ func TestDecide(t *testing.T) {
 				t.Errorf("original exchange %v, want the delivery's own %q", got, tt.exchange)
 			}
 			if dec.Outcome == idemq.OutcomeDeadLettered {
-				if m.Headers[idemq.HeaderReason] != w.reason || m.Headers[idemq.HeaderDeadLetteredAt] != testNow.Format(TimeFormat) {
+				if m.Headers[idemq.HeaderReason] != w.reason || m.Headers[idemq.HeaderDeadLetteredAt] != testNow.Format(headerval.TimeFormat) {
 					t.Errorf("dead letter headers %v", m.Headers)
 				}
 				if _, ok := m.Headers[idemq.HeaderAttempt]; ok {
@@ -627,8 +628,8 @@ func TestValidate(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err %v, want ErrConfig mentioning %s", err, tt.want)
+			if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err %v, want ErrInvalidConfig mentioning %s", err, tt.want)
 			}
 			if _, err2 := New(tt.cfg); err2 == nil {
 				t.Fatal("New accepted it")

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
@@ -89,7 +90,7 @@ func TestForgedIdemqHeadersAreIgnored(t *testing.T) {
 			if a := retry.Attempt(c.dels[0].Headers); a != 1 {
 				t.Errorf("the handler saw attempt %d on the first delivery, want 1", a)
 			}
-			first, err := time.Parse(retry.TimeFormat, hs(dl.Headers, idemq.HeaderFirstFailure))
+			first, err := time.Parse(headerval.TimeFormat, hs(dl.Headers, idemq.HeaderFirstFailure))
 			if err != nil || first.Before(start.Add(-time.Minute)) {
 				t.Errorf("first failure %q kept from the producer", hs(dl.Headers, idemq.HeaderFirstFailure))
 			}

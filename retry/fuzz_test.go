@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 func attemptSeeds(f *testing.F) {
@@ -41,8 +42,8 @@ func FuzzAttemptHeaders(f *testing.F) {
 			t.Fatalf("delivery count %d", n)
 		}
 		for _, v := range h {
-			if n, ok := Int(v); ok && (n < 0 || n > math.MaxInt32) {
-				t.Fatalf("Int(%#v) = %d", v, n)
+			if n, ok := headerval.Count(v); ok && (n < 0 || n > math.MaxInt32) {
+				t.Fatalf("headerval.Count(%#v) = %d", v, n)
 			}
 		}
 		queue := "q"

@@ -1,23 +1,14 @@
 package retry
 
 import (
-	"math"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/headerval"
 )
-
-// TimeFormat is the format of the x-idemq-*-failure headers.
-const TimeFormat = time.RFC3339Nano
-
-// maxCount bounds every count read from a header, so a forged header cannot
-// overflow arithmetic.
-const maxCount = math.MaxInt32
 
 // Death is one entry of the broker's x-death header.
 type Death struct {
@@ -48,7 +39,7 @@ func ParseXDeath(v any) []Death {
 			Reason:   str(t["reason"]),
 			Exchange: str(t["exchange"]),
 		}
-		if n, ok := Int(t["count"]); ok {
+		if n, ok := headerval.Count(t["count"]); ok {
 			d.Count = n
 		}
 		if ts, ok := t["time"].(time.Time); ok {
@@ -88,50 +79,11 @@ func strOK(v any) (string, bool) {
 
 func str(v any) string { s, _ := strOK(v); return s }
 
-// Int reads an integer header value of any AMQP numeric type, or a decimal
-// string, clamped to [0, MaxInt32]. ok is false for anything else.
-func Int(v any) (int64, bool) {
-	switch x := v.(type) {
-	case uint64:
-		if x > maxCount {
-			return maxCount, true
-		}
-	case float32:
-		return floatCount(float64(x))
-	case float64:
-		return floatCount(x)
-	}
-	n, ok := headerval.Int64(v)
-	if !ok {
-		return 0, false
-	}
-	if n < 0 {
-		n = 0
-	}
-	if n > maxCount {
-		n = maxCount
-	}
-	return n, true
-}
-
-func floatCount(f float64) (int64, bool) {
-	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
-		return 0, false
-	}
-	if f < 0 {
-		return 0, true
-	}
-	if f > maxCount {
-		return maxCount, true
-	}
-	return int64(f), true
-}
-
 // Attempt returns the attempt number a delivery carries in x-idemq-attempt:
 // 1 when absent, malformed or below 1 (the policy always rewrites it, so a
 // bad value can reset the count at most once — never loop forever).
 func Attempt(h amqp.Table) int {
-	n, ok := Int(h[idemq.HeaderAttempt])
+	n, ok := headerval.Count(h[idemq.HeaderAttempt])
 	if !ok || n < 1 {
 		return 1
 	}
@@ -141,21 +93,7 @@ func Attempt(h amqp.Table) int {
 // DeliveryCount returns the quorum queue's x-delivery-count (ok=false when
 // absent or malformed).
 func DeliveryCount(h amqp.Table) (int64, bool) {
-	return Int(h[idemq.HeaderDeliveryCount])
-}
-
-// Truncate bounds s to at most limit bytes without splitting a UTF-8
-// sequence, replacing invalid bytes. limit <= 0 means no bound.
-func Truncate(s string, limit int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	if limit <= 0 || len(s) <= limit {
-		return s
-	}
-	cut := limit
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
+	return headerval.Count(h[idemq.HeaderDeliveryCount])
 }
 
 // FromRetryPath reports whether d came back to its work queue through
@@ -223,7 +161,7 @@ func bound(h amqp.Table, errLimit int) {
 			continue
 		}
 		if countHeaders[k] {
-			if n, ok := Int(v); ok {
+			if n, ok := headerval.Count(v); ok {
 				h[k] = n
 			} else {
 				delete(h, k)
@@ -242,7 +180,7 @@ func bound(h amqp.Table, errLimit int) {
 		case idemq.HeaderOriginalMessageID:
 			limit = maxOriginalIDText
 		}
-		h[k] = Truncate(s, limit)
+		h[k] = headerval.Truncate(s, limit)
 	}
 }
 
@@ -252,7 +190,7 @@ func bound(h amqp.Table, errLimit int) {
 func minimalHeaders(own amqp.Table, reason string, attempts int) amqp.Table {
 	h := StripIdemqHeaders(own)
 	delete(h, idemq.HeaderDeliveryCount)
-	h[idemq.HeaderReason] = Truncate(reason, maxHeaderText)
+	h[idemq.HeaderReason] = headerval.Truncate(reason, maxHeaderText)
 	h[idemq.HeaderAttempts] = int64(attempts)
 	return h
 }

@@ -73,22 +73,6 @@ func TestAttemptAndInt(t *testing.T) {
 	}
 }
 
-func TestTruncate(t *testing.T) {
-	tests := []struct {
-		in    string
-		limit int
-		want  string
-	}{
-		{"hello", 10, "hello"}, {"hello", 3, "hel"}, {"héllo", 2, "h"}, {"héllo", 3, "hé"},
-		{"abc", 0, "abc"}, {"a\xffb", 10, "a\uFFFDb"},
-	}
-	for _, tt := range tests {
-		if got := Truncate(tt.in, tt.limit); got != tt.want {
-			t.Errorf("Truncate(%q, %d) = %q, want %q", tt.in, tt.limit, got, tt.want)
-		}
-	}
-}
-
 // gen builds an arbitrary header value from fuzz bytes: tables, arrays,
 // strings, numbers of every AMQP type, timestamps, byte slices, nil.
 type gen struct {

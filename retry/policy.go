@@ -1,7 +1,6 @@
 package retry
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -10,6 +9,8 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/backoff"
+	"github.com/idemq/idemq/internal/headerval"
+	"github.com/idemq/idemq/internal/sender"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -172,8 +173,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ErrConfig is wrapped by every error [Config.Validate] returns.
-var ErrConfig = errors.New("retry: invalid configuration")
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("retry: invalid configuration")
 
 // Validate reports a configuration whose republishes could never succeed,
 // so it fails at startup rather than at the first failed delivery: a
@@ -217,7 +218,7 @@ func (c Config) Validate() error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %w", ErrConfig, errors.Join(errs...))
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 }
 
 // Policy is idemq's failure policy: an [idemq.FailurePolicy] whose
@@ -240,7 +241,7 @@ func New(cfg Config) (*Policy, error) {
 	cfg = cfg.withDefaults()
 	p := &Policy{cfg: cfg}
 	if cfg.Sender != nil {
-		p.send = timeoutSender{cfg.Sender, cfg.PublishTimeout}
+		p.send = sender.WithTimeout(cfg.Sender, cfg.PublishTimeout)
 	}
 	return p, nil
 }
@@ -269,18 +270,6 @@ func (p *Policy) DelayQueues(queue string) (idemq.Sender, []idemq.DelayQueue) {
 		out = append(out, idemq.DelayQueue{Name: name, Delay: d})
 	}
 	return p.send, out
-}
-
-// timeoutSender bounds each publish (with its confirm).
-type timeoutSender struct {
-	s idemq.Sender
-	d time.Duration
-}
-
-func (t timeoutSender) Publish(ctx context.Context, m idemq.Message) error {
-	ctx, cancel := context.WithTimeout(ctx, t.d)
-	defer cancel()
-	return t.s.Publish(ctx, m)
 }
 
 // unpublishable reports whether a republish error is one no wait can fix:
@@ -463,7 +452,7 @@ func (p *Policy) holdDeadLetter(d *idemq.Delivery, dec idemq.Decision, err error
 	}
 	h[idemq.HeaderDeadLetterHeld] = reason
 	h[idemq.HeaderQueue] = d.Queue
-	n, _ := Int(h[idemq.HeaderRequeues])
+	n, _ := headerval.Count(h[idemq.HeaderRequeues])
 	h[idemq.HeaderRequeues] = n + 1 // with x-idemq-queue: the marker of idemq's own path
 	bound(h, p.cfg.ErrorTextLimit)
 	q := d.Queue
@@ -486,7 +475,7 @@ func (p *Policy) holdDeadLetter(d *idemq.Delivery, dec idemq.Decision, err error
 // holdDeadLetter) with the reason and the error it was held with.
 func (p *Policy) deadLetterHeld(d *idemq.Delivery, reason string) idemq.Decision {
 	text, _ := strOK(d.Headers[idemq.HeaderError])
-	attempts, _ := Int(d.Headers[idemq.HeaderAttempts])
+	attempts, _ := headerval.Count(d.Headers[idemq.HeaderAttempts])
 	dec := p.deadLetter(d, reason, heldError(text), int(attempts))
 	if dec.Message != nil {
 		h := dec.Message.Headers
@@ -644,7 +633,7 @@ func (p *Policy) requeue(d *idemq.Delivery, rq *idemq.RequeueError, cause error)
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
 	h[idemq.HeaderQueue] = d.Queue // with x-idemq-requeues: the marker of idemq's own path
-	n, _ := Int(h[idemq.HeaderRequeues])
+	n, _ := headerval.Count(h[idemq.HeaderRequeues])
 	h[idemq.HeaderRequeues] = n + 1
 	if !due.IsZero() {
 		h[idemq.HeaderDue] = due.UnixMilli()
@@ -675,11 +664,11 @@ func (p *Policy) deadLetter(d *idemq.Delivery, reason string, cause error, attem
 	delete(h, idemq.HeaderAttempt)
 	h[idemq.HeaderReason] = reason
 	h[idemq.HeaderAttempts] = int64(attempts)
-	h[idemq.HeaderDeadLetteredAt] = now.UTC().Format(TimeFormat)
+	h[idemq.HeaderDeadLetteredAt] = now.UTC().Format(headerval.TimeFormat)
 	msg := republish(d, "", q, h)
 	if idemq.ValidateID(msg.ID) != nil {
 		if d.MessageID != "" {
-			h[idemq.HeaderOriginalMessageID] = Truncate(d.MessageID, maxOriginalIDText)
+			h[idemq.HeaderOriginalMessageID] = headerval.Truncate(d.MessageID, maxOriginalIDText)
 		}
 		msg.ID = idemq.NewMessageID()
 	}
@@ -690,12 +679,12 @@ func (p *Policy) deadLetter(d *idemq.Delivery, reason string, cause error, attem
 func (p *Policy) failureHeaders(d *idemq.Delivery, cause error, now time.Time) amqp.Table {
 	h := copyHeaders(d.Headers)
 	setOriginal(h, d)
-	ts := now.UTC().Format(TimeFormat)
+	ts := now.UTC().Format(headerval.TimeFormat)
 	if _, ok := strOK(h[idemq.HeaderFirstFailure]); !ok {
 		h[idemq.HeaderFirstFailure] = ts
 	}
 	h[idemq.HeaderLastFailure] = ts
-	h[idemq.HeaderError] = Truncate(errText(cause), p.cfg.ErrorTextLimit)
+	h[idemq.HeaderError] = headerval.Truncate(errText(cause), p.cfg.ErrorTextLimit)
 	h[idemq.HeaderErrorClass] = idemq.ReasonOf(cause)
 	if d.Group != "" {
 		h[idemq.HeaderGroup] = d.Group

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
@@ -123,7 +124,7 @@ func hs(h amqp.Table, k string) string {
 
 func hi(t *testing.T, h amqp.Table, k string) int64 {
 	t.Helper()
-	n, ok := retry.Int(h[k])
+	n, ok := headerval.Count(h[k])
 	if !ok {
 		t.Fatalf("header %s = %#v, want a number", k, h[k])
 	}
@@ -208,8 +209,8 @@ func TestRetryUntilDeadLetter(t *testing.T) {
 	if n := hi(t, h, idemq.HeaderAttempts); n != 3 {
 		t.Errorf("attempts header %d, want 3", n)
 	}
-	first, err1 := time.Parse(retry.TimeFormat, hs(h, idemq.HeaderFirstFailure))
-	last, err2 := time.Parse(retry.TimeFormat, hs(h, idemq.HeaderLastFailure))
+	first, err1 := time.Parse(headerval.TimeFormat, hs(h, idemq.HeaderFirstFailure))
+	last, err2 := time.Parse(headerval.TimeFormat, hs(h, idemq.HeaderLastFailure))
 	if err1 != nil || err2 != nil || last.Sub(first) < 400*time.Millisecond {
 		t.Errorf("first/last failure %v / %v (%v %v), want >= 400ms apart", first, last, err1, err2)
 	}

@@ -7,6 +7,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/retry"
 )
 
@@ -34,7 +35,7 @@ func TestPolicyUnavailableIsNotAnAttempt(t *testing.T) {
 		if !idemq.IsUnavailable(dec.Err) {
 			t.Fatalf("attempt %d: the decision no longer says unavailable: %v", attempt, dec.Err)
 		}
-		if got, _ := retry.Int(d.Headers[idemq.HeaderAttempt]); got != attempt {
+		if got, _ := headerval.Count(d.Headers[idemq.HeaderAttempt]); got != attempt {
 			t.Fatalf("attempt header changed to %d", got)
 		}
 	}

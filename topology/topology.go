@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -16,6 +15,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gopkg.in/yaml.v3"
+
+	"github.com/idemq/idemq/internal/headerval"
 )
 
 // QueueType is the RabbitMQ queue type.
@@ -359,38 +360,6 @@ var intArgs = map[string]string{
 	"x-quorum-initial-group-size": "an integer",
 }
 
-func isInt(v any) (int64, bool) {
-	switch x := v.(type) {
-	case int:
-		return int64(x), true
-	case int8:
-		return int64(x), true
-	case int16:
-		return int64(x), true
-	case int32:
-		return int64(x), true
-	case int64:
-		return x, true
-	case uint8:
-		return int64(x), true
-	case uint16:
-		return int64(x), true
-	case uint32:
-		return int64(x), true
-	case uint:
-		if uint64(x) > math.MaxInt64 {
-			return 0, false
-		}
-		return int64(x), true
-	case uint64:
-		if x > math.MaxInt64 {
-			return 0, false
-		}
-		return int64(x), true
-	}
-	return 0, false
-}
-
 // validateArgs checks arguments the broker will be sent: encodable, and the
 // integer ones integers.
 func validateArgs(where string, args map[string]any) []error {
@@ -403,7 +372,7 @@ func validateArgs(where string, args map[string]any) []error {
 	for _, k := range keys {
 		v := args[k]
 		if want, ok := intArgs[k]; ok {
-			if n, ok := isInt(v); !ok || n < 0 {
+			if n, ok := headerval.Integer(v); !ok || n < 0 {
 				errs = append(errs, fmt.Errorf("%s: args %s must be %s >= 0, got %T %v", where, k, want, v, v))
 				continue
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,14 +10,13 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/deadletter"
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/display"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -74,6 +74,16 @@ func (f *dlqFlags) queue(arg string) string {
 	return topology.DLQName(arg)
 }
 
+// list reads the dead letters of dlq that opts selects (non-destructive).
+func (f *dlqFlags) list(ctx context.Context, dlq string, opts deadletter.ListOptions) (total int, entries []*deadletter.Entry, err error) {
+	c, err := deadletter.Open(amqpURL(f.url))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer c.Close()
+	return c.List(ctx, dlq, opts)
+}
+
 // filter selects dead letters by reason and ID (empty: everything).
 type filter struct {
 	reasons []string
@@ -119,12 +129,7 @@ func newDLQListCmd(f *dlqFlags, detail bool) *cobra.Command {
 				return err
 			}
 			dlq := f.queue(args[0])
-			c, err := deadletter.Open(amqpURL(f.url))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			total, entries, err := c.List(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match, Limit: limit, Detail: detail})
+			total, entries, err := f.list(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match, Limit: limit, Detail: detail})
 			if err != nil {
 				return err
 			}
@@ -171,12 +176,7 @@ func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
 				return err
 			}
 			dlq := f.queue(args[0])
-			c, err := deadletter.Open(amqpURL(f.url))
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			total, entries, err := c.List(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match})
+			total, entries, err := f.list(cmd.Context(), dlq, deadletter.ListOptions{Filter: flt.match})
 			if err != nil {
 				return err
 			}
@@ -195,7 +195,7 @@ func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
 				if g.Duplicates > 0 {
 					n += fmt.Sprintf(" (+%d)", g.Duplicates)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Key, n, g.Reason, orDash(oneLine(g.Pattern, 80)))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", g.Key, n, g.Reason, display.OrDash(display.OneLine(g.Pattern, 80)))
 			}
 			tw.Flush()
 			return nil
@@ -204,22 +204,6 @@ func newDLQGroupsCmd(f *dlqFlags) *cobra.Command {
 	flt.flags(cmd)
 	addOutputFlag(cmd, &output)
 	return cmd
-}
-
-func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) > max {
-		r := []rune(s)
-		s = string(r[:max-1]) + "…"
-	}
-	return s
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 // printHead prints the first line of list and show.
@@ -234,9 +218,9 @@ func printHead(cio *cmdIO, dlq string, total, dups, shown int) {
 // idWithDups is a message ID with its duplicate count, for tables.
 func idWithDups(e *deadletter.Entry) string {
 	if e.Duplicates > 0 {
-		return fmt.Sprintf("%s (+%d)", orDash(e.MessageID), e.Duplicates)
+		return fmt.Sprintf("%s (+%d)", display.OrDash(e.MessageID), e.Duplicates)
 	}
-	return orDash(e.MessageID)
+	return display.OrDash(e.MessageID)
 }
 
 func printList(cio *cmdIO, dlq string, total, dups int, entries []*deadletter.Entry) {
@@ -248,18 +232,9 @@ func printList(cio *cmdIO, dlq string, total, dups int, entries []*deadletter.En
 	fmt.Fprintln(tw, "#\tMESSAGE ID\tREASON\tATTEMPTS\tLAST FAILURE\tERROR")
 	for _, e := range entries {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", e.Position, idWithDups(e), e.Reason, e.Attempts,
-			orDash(shortTime(e.LastFailure)), orDash(oneLine(e.Error, 60)))
+			display.OrDash(display.ShortTime(e.LastFailure, time.RFC3339)), display.OrDash(display.OneLine(e.Error, 60)))
 	}
 	tw.Flush()
-}
-
-// shortTime prints a header timestamp to the second (fixed width, for tables).
-func shortTime(s string) string {
-	t, err := time.Parse(retry.TimeFormat, s)
-	if err != nil {
-		return s
-	}
-	return t.UTC().Format(time.RFC3339)
 }
 
 func printDetails(cio *cmdIO, dlq string, total, dups int, entries []*deadletter.Entry) {
@@ -271,7 +246,7 @@ func printDetails(cio *cmdIO, dlq string, total, dups int, entries []*deadletter
 				cio.printf("  %-16s %s\n", k+":", v)
 			}
 		}
-		row("message id", orDash(e.MessageID))
+		row("message id", display.OrDash(e.MessageID))
 		if e.Duplicates > 0 {
 			row("duplicates", fmt.Sprintf("%d more copies of this dead letter in the queue (collapsed; a replay drops them)", e.Duplicates))
 		}
@@ -303,7 +278,7 @@ func printDetails(cio *cmdIO, dlq string, total, dups int, entries []*deadletter
 				cio.printf("    %s: %s\n", k, showHeader(e.Headers[k]))
 			}
 		}
-		cio.printf("  body (%d bytes, %s):\n    %s\n", e.BodyBytes, e.BodyEncoding, oneLine(e.Body, 2000))
+		cio.printf("  body (%d bytes, %s):\n    %s\n", e.BodyBytes, e.BodyEncoding, display.OneLine(e.Body, 2000))
 	}
 }
 
@@ -435,13 +410,13 @@ func printReplay(cio *cmdIO, res deadletter.ReplayResult) {
 		verb, drop = "would replay", "would drop duplicate"
 	}
 	for _, it := range res.Replayed {
-		cio.printf("%s %s (%s) -> exchange %q, routing key %q\n", verb, orDash(it.MessageID), it.Reason, it.Exchange, it.RoutingKey)
+		cio.printf("%s %s (%s) -> exchange %q, routing key %q\n", verb, display.OrDash(it.MessageID), it.Reason, it.Exchange, it.RoutingKey)
 	}
 	for _, it := range res.Duplicates {
-		cio.printf("%s %s (%s)\n", drop, orDash(it.MessageID), it.Reason)
+		cio.printf("%s %s (%s)\n", drop, display.OrDash(it.MessageID), it.Reason)
 	}
 	for _, it := range res.Failed {
-		cio.printf("failed %s (%s): %s\n", orDash(it.MessageID), it.Reason, it.Error)
+		cio.printf("failed %s (%s): %s\n", display.OrDash(it.MessageID), it.Reason, it.Error)
 	}
 	cio.printf("%s %d, duplicates dropped %d, skipped %d (filters), failed %d", verb, len(res.Replayed), len(res.Duplicates), res.Skipped, len(res.Failed))
 	if res.DuplicatesLeft > 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemq/idemq/doctor"
+	"github.com/idemq/idemq/internal/display"
 	"github.com/idemq/idemq/retry"
 )
 
@@ -159,13 +160,13 @@ func runDoctor(cmd *cobra.Command, f doctorFlags) error {
 func printDoctor(cio *cmdIO, rep doctor.Report) {
 	tw := tabwriter.NewWriter(cio.out, 0, 4, 2, ' ', 0)
 	for _, f := range rep.Findings {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Status, f.Check, f.Subject, oneLine(f.Detail, 400))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Status, f.Check, f.Subject, display.OneLine(f.Detail, 400))
 		if f.Status != doctor.Pass {
 			if f.Meaning != "" {
-				fmt.Fprintf(tw, "\t\t\tmeans: %s\n", oneLine(f.Meaning, 400))
+				fmt.Fprintf(tw, "\t\t\tmeans: %s\n", display.OneLine(f.Meaning, 400))
 			}
 			if f.Fix != "" {
-				fmt.Fprintf(tw, "\t\t\tfix: %s\n", oneLine(f.Fix, 400))
+				fmt.Fprintf(tw, "\t\t\tfix: %s\n", display.OneLine(f.Fix, 400))
 			}
 		}
 	}

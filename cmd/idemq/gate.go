@@ -331,22 +331,8 @@ func runGate(cmd *cobra.Command, f gateFlags) (err error) {
 			"latency_p50_ms", float64(s.ForwardLatency.P50.Microseconds())/1000,
 			"latency_p99_ms", float64(s.ForwardLatency.P99.Microseconds())/1000)
 	}
-	if f.logInterval > 0 {
-		tick := time.NewTicker(f.logInterval)
-		defer tick.Stop()
-		lctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		go func() {
-			for {
-				select {
-				case <-lctx.Done():
-					return
-				case <-tick.C:
-					logStats("idemq gate counters")
-				}
-			}
-		}()
-	}
+	stopLog := every(ctx, f.logInterval, func() { logStats("idemq gate counters") })
+	defer stopLog()
 	log.Info("idemq gate started", "ingress", cfg.Ingress, "amqp", redactURL(cfg.URL), "store", f.store, "pid", os.Getpid())
 	if err := g.Run(ctx); err != nil {
 		return err

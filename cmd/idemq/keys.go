@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/redisstore"
+	"github.com/idemq/idemq/internal/display"
 )
 
 const keysLong = `Looks up or deletes the dedup record of a message ID in the Redis dedup
@@ -170,7 +171,7 @@ func newKeysForgetCmd(f *keysFlags) *cobra.Command {
 				if errors.Is(err, dedup.ErrLeaseHeld) {
 					return fmt.Errorf("refusing to forget %s: it is %s, owner %s, lease expires %s (in %s): a consumer is running this message now "+
 						"and deleting its lease would let a duplicate run concurrently; wait for it to finish, or use --force: %w",
-						key, v.State, orDash(v.Owner), orDash(v.ExpiresAt), orDash(v.TTL), err)
+						key, v.State, display.OrDash(v.Owner), display.OrDash(v.ExpiresAt), display.OrDash(v.TTL), err)
 				}
 				if err != nil {
 					return err

@@ -196,22 +196,8 @@ func runRelay(cmd *cobra.Command, f relayFlags) (err error) {
 			"pending", relay.Pending(),
 			"lag_ms", relay.Lag().Milliseconds())
 	}
-	if f.logInterval > 0 {
-		tick := time.NewTicker(f.logInterval)
-		defer tick.Stop()
-		lctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		go func() {
-			for {
-				select {
-				case <-lctx.Done():
-					return
-				case <-tick.C:
-					logCounters("idemq relay counters")
-				}
-			}
-		}()
-	}
+	stopLog := every(ctx, f.logInterval, func() { logCounters("idemq relay counters") })
+	defer stopLog()
 	if err := relay.Run(ctx); err != nil {
 		return err
 	}

@@ -64,8 +64,8 @@ func TestParamsArithmetic(t *testing.T) {
 		}
 	}
 	for _, bad := range []bloom.FilterConfig{{FPRate: 1}, {FPRate: -1}, {Generations: -1}, {Bits: 8}, {Window: -time.Second}} {
-		if _, err := bad.Params(); !errors.Is(err, bloom.ErrConfig) {
-			t.Fatalf("%+v: %v, want ErrConfig", bad, err)
+		if _, err := bad.Params(); !errors.Is(err, bloom.ErrInvalidConfig) {
+			t.Fatalf("%+v: %v, want ErrInvalidConfig", bad, err)
 		}
 	}
 }

@@ -40,8 +40,9 @@ const (
 	DefaultFPRate      = 1e-4
 )
 
-// ErrConfig is wrapped by every configuration error.
-var ErrConfig = errors.New("bloom: invalid configuration")
+// ErrInvalidConfig is wrapped by every configuration error of the Bloom
+// filter, store and router (and of redisbloom's).
+var ErrInvalidConfig = errors.New("bloom: invalid configuration")
 
 // Params is a sized filter. See the package documentation for the
 // arithmetic.
@@ -78,13 +79,13 @@ func (c FilterConfig) Params() (Params, error) {
 	}
 	switch {
 	case c.Window < 0:
-		return Params{}, fmt.Errorf("%w: negative Window %v", ErrConfig, c.Window)
+		return Params{}, fmt.Errorf("%w: negative Window %v", ErrInvalidConfig, c.Window)
 	case c.Generations < 1 || c.Generations > 1024:
-		return Params{}, fmt.Errorf("%w: Generations %d not in [1, 1024]", ErrConfig, c.Generations)
+		return Params{}, fmt.Errorf("%w: Generations %d not in [1, 1024]", ErrInvalidConfig, c.Generations)
 	case !(c.FPRate > 0 && c.FPRate < 1):
-		return Params{}, fmt.Errorf("%w: FPRate %v not in (0, 1)", ErrConfig, c.FPRate)
+		return Params{}, fmt.Errorf("%w: FPRate %v not in (0, 1)", ErrInvalidConfig, c.FPRate)
 	case (c.Bits == 0) != (c.Hashes == 0) || c.Hashes < 0:
-		return Params{}, fmt.Errorf("%w: set both Bits and Hashes, or neither", ErrConfig)
+		return Params{}, fmt.Errorf("%w: set both Bits and Hashes, or neither", ErrInvalidConfig)
 	}
 	g := c.Generations
 	l := (c.Window + time.Duration(g) - 1) / time.Duration(g)

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/sender"
 )
 
 // ReasonSuspectedDuplicate is the reason the router writes (idemq.HeaderReason).
@@ -40,9 +41,6 @@ type RouterConfig struct {
 	Timeout time.Duration
 }
 
-// ErrInvalidRouterConfig is wrapped by [RouterConfig.Validate]'s errors.
-var ErrInvalidRouterConfig = errors.New("bloom: invalid router config")
-
 func (c RouterConfig) withDefaults() RouterConfig {
 	if c.Policy == nil {
 		c.Policy = idemq.BasePolicy{}
@@ -57,9 +55,10 @@ func (c RouterConfig) withDefaults() RouterConfig {
 }
 
 // Validate reports a configuration the router cannot run with: no Sender.
+// Its error wraps [ErrInvalidConfig].
 func (c RouterConfig) Validate() error {
 	if c.Sender == nil {
-		return fmt.Errorf("%w: nil Sender", ErrInvalidRouterConfig)
+		return fmt.Errorf("%w: RouterConfig: nil Sender", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -90,7 +89,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Router{cfg: cfg, send: timeoutSender{cfg.Sender, cfg.Timeout}}, nil
+	return &Router{cfg: cfg, send: sender.WithTimeout(cfg.Sender, cfg.Timeout)}, nil
 }
 
 // DelayQueues is the wrapped policy's ([idemq.DelayedRetries]): the
@@ -142,18 +141,6 @@ func (r *Router) suspect(d *idemq.Delivery, sde *SuspectedDuplicateError) idemq.
 	m := d.Message("", queue, headers)
 	m.ID = suspectID(d, sde.Key)
 	return m
-}
-
-// timeoutSender bounds each publish (with its confirm).
-type timeoutSender struct {
-	s idemq.Sender
-	d time.Duration
-}
-
-func (t timeoutSender) Publish(ctx context.Context, m idemq.Message) error {
-	ctx, cancel := context.WithTimeout(ctx, t.d)
-	defer cancel()
-	return t.s.Publish(ctx, m)
 }
 
 // suspectID keeps the message ID; a delivery whose ID came from elsewhere

@@ -53,7 +53,7 @@ func TestRouterDecisions(t *testing.T) {
 	if dec := r.Decide(d, idemq.Run{N: 1}); dec.Action != idemq.ActionAck || dec.Outcome != idemq.OutcomeProcessed {
 		t.Fatalf("success: %v", dec)
 	}
-	if _, err := bloom.NewRouter(bloom.RouterConfig{}); !errors.Is(err, bloom.ErrInvalidRouterConfig) {
+	if _, err := bloom.NewRouter(bloom.RouterConfig{}); !errors.Is(err, bloom.ErrInvalidConfig) {
 		t.Fatalf("no sender: %v", err)
 	}
 }

@@ -181,7 +181,7 @@ var _ dedup.Store = (*Store)(nil)
 // NewStore returns a tiered store.
 func NewStore(cfg StoreConfig) (*Store, error) {
 	if cfg.Leases == nil || cfg.Filter == nil {
-		return nil, fmt.Errorf("%w: StoreConfig.Leases and StoreConfig.Filter are required", ErrConfig)
+		return nil, fmt.Errorf("%w: StoreConfig.Leases and StoreConfig.Filter are required", ErrInvalidConfig)
 	}
 	if cfg.Hold <= 0 {
 		cfg.Hold = 30 * time.Second
@@ -207,24 +207,6 @@ func (s *Store) rec(ctx context.Context) idemq.Recorder {
 	return idemq.RecorderFrom(ctx)
 }
 
-func storeErr(op string, err error) error {
-	var se *dedup.StoreError
-	if errors.As(err, &se) {
-		return err
-	}
-	return &dedup.StoreError{Op: op, Err: err}
-}
-
-func prepare(ctx context.Context, op, key string) error {
-	if err := dedup.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return &dedup.StoreError{Op: op, Err: err}
-	}
-	return nil
-}
-
 // Claim implements [dedup.Store]:
 //
 //	filter: definitely not done → the lease store's Claim
@@ -234,12 +216,12 @@ func prepare(ctx context.Context, op, key string) error {
 //	  marker) or InFlight are exact answers; Acquired is given back and a
 //	  *SuspectedDuplicateError returned
 func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
-	if err := prepare(ctx, "claim", key); err != nil {
+	if err := dedup.CheckOp(ctx, "claim", key); err != nil {
 		return dedup.Claim{}, err
 	}
 	maybe, err := s.cfg.Filter.Test(ctx, key)
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", fmt.Errorf("bloom filter: %w", err))
+		return dedup.Claim{}, dedup.WrapStoreError("claim", fmt.Errorf("bloom filter: %w", err))
 	}
 	if !maybe {
 		return s.cfg.Leases.Claim(ctx, key, token, lease)
@@ -249,7 +231,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 	if s.cfg.Verifier != nil {
 		done, err := s.cfg.Verifier.Done(ctx, key)
 		if err != nil {
-			return dedup.Claim{}, storeErr("claim", fmt.Errorf("bloom verifier: %w", err))
+			return dedup.Claim{}, dedup.WrapStoreError("claim", fmt.Errorf("bloom verifier: %w", err))
 		}
 		if done {
 			rec.Add(CountVerifiedDone, 1)
@@ -285,7 +267,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 // cannot be honoured: the key is still added, CountWindowExceeded counted
 // and a warning logged once — configure the filter's Window ≥ the guard's.
 func (s *Store) Complete(ctx context.Context, key, token string, window time.Duration) error {
-	if err := prepare(ctx, "complete", key); err != nil {
+	if err := dedup.CheckOp(ctx, "complete", key); err != nil {
 		return err
 	}
 	lost := false
@@ -299,11 +281,11 @@ func (s *Store) Complete(ctx context.Context, key, token string, window time.Dur
 	}
 	if s.marker != nil {
 		if err := s.marker.MarkDone(ctx, key, window); err != nil {
-			return storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+			return dedup.WrapStoreError("complete", fmt.Errorf("bloom record of truth: %w", err))
 		}
 	}
 	if err := s.cfg.Filter.Add(ctx, key); err != nil {
-		return storeErr("complete", fmt.Errorf("bloom filter: %w", err))
+		return dedup.WrapStoreError("complete", fmt.Errorf("bloom filter: %w", err))
 	}
 	s.clearPending(token)
 	if fw := s.cfg.Filter.Params().Window; window > fw {
@@ -329,20 +311,20 @@ func (s *Store) completeLease(ctx context.Context, key, token string, window tim
 		return false, nil
 	}
 	if !errors.Is(err, dedup.ErrLeaseLost) {
-		return false, storeErr("complete", err)
+		return false, dedup.WrapStoreError("complete", err)
 	}
 	// Not ours any more: absent (the store then records done), done
 	// already, or another token's live lease. Look, with our token.
 	c, err := s.cfg.Leases.Claim(ctx, key, token, s.cfg.Hold)
 	if err != nil {
-		return false, storeErr("complete", err)
+		return false, dedup.WrapStoreError("complete", err)
 	}
 	switch c.Result {
 	case dedup.Done:
 		return true, nil
 	case dedup.Acquired: // absent and not recorded: it is ours now
 		if err := s.cfg.Leases.Complete(ctx, key, token, marker); err != nil {
-			return false, storeErr("complete", err)
+			return false, dedup.WrapStoreError("complete", err)
 		}
 		return true, nil
 	}
@@ -379,7 +361,7 @@ func (s *Store) clearPending(token string) {
 
 // Release implements [dedup.Store] (the lease store's Release).
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	if err := prepare(ctx, "release", key); err != nil {
+	if err := dedup.CheckOp(ctx, "release", key); err != nil {
 		return err
 	}
 	s.clearPending(token)
@@ -388,7 +370,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 
 // Extend implements [dedup.Store] (the lease store's Extend).
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	if err := prepare(ctx, "extend", key); err != nil {
+	if err := dedup.CheckOp(ctx, "extend", key); err != nil {
 		return err
 	}
 	return s.cfg.Leases.Extend(ctx, key, token, lease)

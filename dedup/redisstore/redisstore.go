@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/redisrecord"
 	"github.com/idemq/idemq/internal/redisscript"
 )
 
@@ -73,6 +73,9 @@ var (
 	_ dedup.IdleForgetter   = (*Store)(nil)
 )
 
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("redisstore: invalid config")
+
 // ErrNoClient is returned by [New] without a Redis client.
 var ErrNoClient = errors.New("redisstore: a Redis client is required")
 
@@ -80,7 +83,7 @@ var ErrNoClient = errors.New("redisstore: a Redis client is required")
 // or WaitTimeout.
 func (c Config) Validate() error {
 	if c.WaitReplicas < 0 || c.WaitTimeout < 0 {
-		return fmt.Errorf("redisstore: negative WaitReplicas %d or WaitTimeout %v", c.WaitReplicas, c.WaitTimeout)
+		return fmt.Errorf("%w: negative WaitReplicas %d or WaitTimeout %v", ErrInvalidConfig, c.WaitReplicas, c.WaitTimeout)
 	}
 	return nil
 }
@@ -116,7 +119,9 @@ func New(client redis.UniversalClient, cfg Config) (*Store, error) {
 // RedisKey is the Redis key that holds the record of a guard key.
 func (s *Store) RedisKey(key string) string { return s.cfg.KeyPrefix + "{" + key + "}" }
 
-// Values: "p:<token>" = processing, owned by token; "d" = done.
+// Values: "p:<token>" = processing, owned by token; "d" = done (the
+// record of internal/redisrecord, which also holds the release and extend
+// scripts).
 //
 // A claim first tries SET key p:<token> NX PX lease, which takes a new key
 // with a plain command (no script for Redis to run); only when the key
@@ -219,20 +224,6 @@ end
 return out
 `)
 
-var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-`)
-
-var extendScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-`)
-
 var getScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if not v then
@@ -256,15 +247,6 @@ end
 redis.call('DEL', KEYS[1])
 return {1, v, pttl}
 `)
-
-// ms converts a duration to whole milliseconds for PX, at least 1.
-func ms(d time.Duration) int64 {
-	n := (d + time.Millisecond - 1) / time.Millisecond
-	if n < 1 {
-		n = 1
-	}
-	return int64(n)
-}
 
 // errNotRecord: a key of the batch holds a value of another type (not a
 // dedup record); only its own request fails.
@@ -314,14 +296,14 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 		return dedup.Claim{}, err
 	}
 	rk := s.RedisKey(key)
-	ok, err := s.client.SetNX(ctx, rk, "p:"+token, msDuration(lease)).Result()
+	ok, err := s.client.SetNX(ctx, rk, redisrecord.Processing(token), msDuration(lease)).Result()
 	if err != nil {
 		return dedup.Claim{}, s.storeErr("claim", err)
 	}
 	if ok {
 		return dedup.Claim{Result: dedup.Acquired}, nil
 	}
-	vals, err := claimScript.Run(ctx, s.client, []string{rk}, token, ms(lease)).Int64Slice()
+	vals, err := claimScript.Run(ctx, s.client, []string{rk}, token, redisrecord.Millis(lease)).Int64Slice()
 	if err != nil {
 		return dedup.Claim{}, s.storeErr("claim", err)
 	}
@@ -330,7 +312,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duratio
 
 // msDuration rounds d up to whole milliseconds (at least 1), so go-redis
 // sends PX, as the scripts do.
-func msDuration(d time.Duration) time.Duration { return time.Duration(ms(d)) * time.Millisecond }
+func msDuration(d time.Duration) time.Duration {
+	return time.Duration(redisrecord.Millis(d)) * time.Millisecond
+}
 
 // ClaimBatch implements [dedup.BatchStore]: as [Store.Batch] without
 // completes (one script call on a single-node client; on Cluster and Ring
@@ -380,10 +364,10 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 			if scripted == nil {
 				scripted = make(map[int]*redis.Cmd)
 			}
-			scripted[i] = claimScript.Eval(ctx, pipe, []string{s.RedisKey(r.Key)}, r.Token, ms(r.Lease))
+			scripted[i] = claimScript.Eval(ctx, pipe, []string{s.RedisKey(r.Key)}, r.Token, redisrecord.Millis(r.Lease))
 			continue
 		}
-		setnx[i] = pipe.SetNX(ctx, s.RedisKey(r.Key), "p:"+r.Token, msDuration(r.Lease))
+		setnx[i] = pipe.SetNX(ctx, s.RedisKey(r.Key), redisrecord.Processing(r.Token), msDuration(r.Lease))
 	}
 	var cidx []int
 	var ccmds []*redis.Cmd
@@ -450,7 +434,7 @@ func (s *Store) Batch(ctx context.Context, claims []dedup.ClaimRequest, complete
 	}
 	cmds := redisscript.Pipelined(ctx, s.raw, claimScript, len(exists), func(j int) ([]string, []any) {
 		r := claims[exists[j]]
-		return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(r.Lease)}
+		return []string{s.RedisKey(r.Key)}, []any{r.Token, redisrecord.Millis(r.Lease)}
 	})
 	for j, i := range exists {
 		vals, err := cmds[j].Int64Slice()
@@ -473,7 +457,7 @@ type msBox struct {
 
 func (b *msBox) ms(d time.Duration) any {
 	if b.v == nil || d != b.last {
-		b.last, b.v = d, ms(d)
+		b.last, b.v = d, redisrecord.Millis(d)
 	}
 	return b.v
 }
@@ -545,7 +529,7 @@ func (s *Store) batchOneScript(ctx context.Context, claims []dedup.ClaimRequest,
 
 // completeArgs are the keys and arguments of the complete script for r.
 func completeArgs(s *Store, r dedup.CompleteRequest) ([]string, []any) {
-	return []string{s.RedisKey(r.Key)}, []any{r.Token, ms(max(r.Window, time.Millisecond))}
+	return []string{s.RedisKey(r.Key)}, []any{r.Token, redisrecord.Millis(max(r.Window, time.Millisecond))}
 }
 
 // completeResults reads the replies of the complete scripts cmds (of the
@@ -594,20 +578,8 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 }
 
 func claimResult(vals []int64) (dedup.Claim, error) {
-	if len(vals) != 2 {
-		return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
-	}
-	switch vals[0] {
-	case 1:
-		return dedup.Claim{Result: dedup.Acquired}, nil
-	case 2:
-		left := time.Duration(vals[1]) * time.Millisecond
-		if left < 0 { // -1 no expiry (never written by us), -2 vanished
-			left = 0
-		}
-		return dedup.Claim{Result: dedup.InFlight, LeaseLeft: left}, nil
-	case 3:
-		return dedup.Claim{Result: dedup.Done}, nil
+	if c, ok := redisrecord.Claim(vals); ok {
+		return c, nil
 	}
 	return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
 }
@@ -619,7 +591,7 @@ func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key, t
 	}
 	args := []any{token}
 	if d != 0 {
-		args = append(args, ms(d))
+		args = append(args, redisrecord.Millis(d))
 	}
 	n, err := script.Run(ctx, s.client, []string{s.RedisKey(key)}, args...).Int64()
 	if err != nil {
@@ -667,12 +639,12 @@ func (s *Store) WaitShortfalls() int64 { return s.waitShort.Load() }
 
 // Release implements [dedup.Store].
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	return s.cas(ctx, "release", releaseScript, key, token, 0)
+	return s.cas(ctx, "release", redisrecord.Release, key, token, 0)
 }
 
 // Extend implements [dedup.Store].
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	return s.cas(ctx, "extend", extendScript, key, token, max(lease, time.Millisecond))
+	return s.cas(ctx, "extend", redisrecord.Extend, key, token, max(lease, time.Millisecond))
 }
 
 // Get implements [dedup.Inspector].
@@ -703,12 +675,13 @@ func (s *Store) record(key string, val, ttl any, now time.Time) (dedup.Record, e
 	if pttl > 0 {
 		rec.ExpiresAt = now.Add(time.Duration(pttl) * time.Millisecond)
 	}
+	owner, processing := redisrecord.Owner(v)
 	switch {
-	case v == "d":
+	case v == redisrecord.Done:
 		rec.State = dedup.StateDone
-	case strings.HasPrefix(v, "p:"):
+	case processing:
 		rec.State = dedup.StateProcessing
-		rec.Owner = strings.TrimPrefix(v, "p:")
+		rec.Owner = owner
 	default:
 		return dedup.Record{}, fmt.Errorf("key %q holds %q, not a dedup record", s.RedisKey(key), v)
 	}

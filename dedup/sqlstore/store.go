@@ -64,11 +64,14 @@ var (
 	_ dedup.IdleForgetter = (*Store)(nil)
 )
 
+// ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
+var ErrInvalidConfig = errors.New("sqlstore: invalid config")
+
 // Validate checks what of cfg needs no database. [New] calls it, then
 // checks the table name against the dialect ([sqldb.Dialect.CheckTable]).
 func (cfg Config) Validate() error {
 	if cfg.PurgeInterval < 0 || cfg.PurgeBatch < 0 {
-		return errors.New("sqlstore: negative PurgeInterval or PurgeBatch")
+		return fmt.Errorf("%w: negative PurgeInterval or PurgeBatch", ErrInvalidConfig)
 	}
 	return nil
 }
@@ -96,7 +99,7 @@ func New(ctx context.Context, db sqldb.DB, cfg Config) (*Store, error) {
 	}
 	d := db.Dialect()
 	if err := d.CheckTable(cfg.Table); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	st, err := compile(d, cfg.Table)
 	if err != nil {

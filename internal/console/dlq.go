@@ -11,38 +11,11 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
-	"time"
-	"unicode/utf8"
 
 	"github.com/idemq/idemq/deadletter"
-	"github.com/idemq/idemq/retry"
+	"github.com/idemq/idemq/internal/display"
 )
-
-func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) > max {
-		r := []rune(s)
-		s = string(r[:max-1]) + "…"
-	}
-	return s
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func shortTime(s string) string {
-	t, err := time.Parse(retry.TimeFormat, s)
-	if err != nil {
-		return s
-	}
-	return t.UTC().Format("2006-01-02 15:04:05Z")
-}
 
 // qlock is the lock of one dead-letter queue: a list or an operation at a
 // time (two readers would split the messages between them).
@@ -277,14 +250,24 @@ func (s *Server) count(ctx context.Context, p queuePair, sc scope) (n, copies, t
 	return n, copies, ls.Total, g, nil
 }
 
-func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+// pairScope is the queue pair and the scope a confirmation or an action
+// names; ok is false once the request was refused.
+func (s *Server) pairScope(w http.ResponseWriter, r *http.Request) (queuePair, scope, bool) {
 	p, ok := s.pair(w, r)
 	if !ok {
-		return
+		return queuePair{}, scope{}, false
 	}
 	sc, err := parseScope(r)
 	if err != nil {
 		s.refuse(w, r, http.StatusBadRequest, err.Error())
+		return queuePair{}, scope{}, false
+	}
+	return p, sc, true
+}
+
+func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
+	p, sc, ok := s.pairScope(w, r)
+	if !ok {
 		return
 	}
 	data := map[string]any{"Q": p, "S": sc, "Archive": deadletter.ArchiveName(p.DLQ)}
@@ -306,13 +289,8 @@ func (s *Server) confirmPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) act(w http.ResponseWriter, r *http.Request) {
-	p, ok := s.pair(w, r)
+	p, sc, ok := s.pairScope(w, r)
 	if !ok {
-		return
-	}
-	sc, err := parseScope(r)
-	if err != nil {
-		s.refuse(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
 	expect, err := strconv.Atoi(r.FormValue("expect"))
@@ -354,7 +332,7 @@ func (s *Server) run(ctx context.Context, j *job, p queuePair, sc scope, expect 
 			Publisher: s.pub, Progress: progress})
 		sum := fmt.Sprintf("replayed %d to work queue %s, duplicates dropped %d, failed %d", len(res.Replayed), p.Work, len(res.Duplicates), len(res.Failed))
 		for _, f := range res.Failed {
-			sum += fmt.Sprintf("; %s: %s", orDash(f.MessageID), f.Error)
+			sum += fmt.Sprintf("; %s: %s", display.OrDash(f.MessageID), f.Error)
 		}
 		return sum, err
 	case "purge":

@@ -19,8 +19,8 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/console"
+	"github.com/idemq/idemq/internal/headerval"
 	"github.com/idemq/idemq/internal/testenv"
-	"github.com/idemq/idemq/retry"
 	"github.com/idemq/idemq/topology"
 )
 
@@ -148,7 +148,7 @@ func seed(t *testing.T, p topology.Plan, n int, causes ...string) {
 				Body: []byte(fmt.Sprintf(`{"cause":%d,"n":%d}`, c, k)),
 				Headers: amqp.Table{idemq.HeaderReason: idemq.ReasonMaxAttempts, idemq.HeaderQueue: p.Queue, idemq.HeaderAttempts: int64(3),
 					idemq.HeaderError: fmt.Sprintf(cause, 1000+k), idemq.HeaderOriginalExchange: "orders.fanout", idemq.HeaderOriginalRoutingKey: "x",
-					idemq.HeaderFirstFailure: time.Now().UTC().Format(retry.TimeFormat), idemq.HeaderLastFailure: time.Now().UTC().Format(retry.TimeFormat)}}
+					idemq.HeaderFirstFailure: time.Now().UTC().Format(headerval.TimeFormat), idemq.HeaderLastFailure: time.Now().UTC().Format(headerval.TimeFormat)}}
 			msgs = append(msgs, m)
 			if k == 0 {
 				msgs = append(msgs, m)

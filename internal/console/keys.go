@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/dedup"
+	"github.com/idemq/idemq/internal/display"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -90,7 +91,7 @@ func (s *Server) forget(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, dedup.ErrLeaseHeld):
 		s.renderCode(w, r, http.StatusConflict, "keys", "Dedup keys", v, fmt.Sprintf("refused: %s is processing, owner %s, lease expires in %s — a consumer is running this message now; "+
-			"deleting its lease would let a duplicate run concurrently. Wait for it, or force.", key, orDash(v.Owner), orDash(v.TTL)))
+			"deleting its lease would let a duplicate run concurrently. Wait for it, or force.", key, display.OrDash(v.Owner), display.OrDash(v.TTL)))
 		return
 	case err != nil:
 		s.render(w, r, "keys", "Dedup keys", v, s.errText(err))

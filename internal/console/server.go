@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/deadletter"
+	"github.com/idemq/idemq/internal/display"
 	"github.com/idemq/idemq/internal/redact"
 )
 
@@ -369,9 +370,9 @@ func dlqLink(path, dlq string, kv ...string) string {
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"link":      dlqLink,
-		"oneLine":   func(s string, n int) string { return oneLine(s, n) },
-		"orDash":    func(s string) string { return orDash(s) },
-		"shortTime": shortTime,
+		"oneLine":   display.OneLine,
+		"orDash":    display.OrDash,
+		"shortTime": func(s string) string { return display.ShortTime(s, "2006-01-02 15:04:05Z") },
 		"pct": func(done, total int64) int64 {
 			if total <= 0 {
 				return 0

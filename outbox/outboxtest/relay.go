@@ -564,7 +564,7 @@ func orderingPerKey(t *testing.T, s suite) {
 // failingPublisher fails every publish of one message ID (a stand-in for a
 // message the broker keeps refusing); the rest go to the real publisher.
 type failingPublisher struct {
-	outbox.Publisher
+	idemq.Sender
 	id string
 }
 
@@ -572,7 +572,7 @@ func (f failingPublisher) Publish(ctx context.Context, m idemq.Message) error {
 	if m.ID == f.id {
 		return errors.New("injected publish failure")
 	}
-	return f.Publisher.Publish(ctx, m)
+	return f.Sender.Publish(ctx, m)
 }
 
 func unroutable(t *testing.T, s suite) {
@@ -592,7 +592,7 @@ func unroutable(t *testing.T, s suite) {
 	e.relay(func(cfg *outbox.RelayConfig) {
 		cfg.Recorder = &rec
 		cfg.MaxAttempts = 3
-		cfg.Publisher = failingPublisher{Publisher: cfg.Publisher, id: "keeps-failing"}
+		cfg.Publisher = failingPublisher{Sender: cfg.Publisher, id: "keeps-failing"}
 	})
 	testenv.Eventually(t, 30*time.Second, "routable messages consumed", func() bool { return c.hasAll(ids) })
 	e.waitState(outbox.StateFailed, 3, 45*time.Second)

@@ -65,7 +65,7 @@ func New(client redis.UniversalClient, cfg Config) (*Filter, error) {
 		cfg.MaxShardBytes = 64 << 20
 	}
 	if cfg.MaxShardBytes > 512<<20 {
-		return nil, fmt.Errorf("%w: MaxShardBytes %d past the 512 MiB Redis string limit", bloom.ErrConfig, cfg.MaxShardBytes)
+		return nil, fmt.Errorf("%w: MaxShardBytes %d past the 512 MiB Redis string limit", bloom.ErrInvalidConfig, cfg.MaxShardBytes)
 	}
 	if cfg.Skew <= 0 {
 		cfg.Skew = min(time.Minute, p.GenLength)

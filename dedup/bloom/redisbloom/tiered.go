@@ -2,7 +2,6 @@ package redisbloom
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/dedup/bloom"
+	"github.com/idemq/idemq/internal/redisrecord"
 	"github.com/idemq/idemq/internal/redisscript"
 )
 
@@ -108,7 +108,8 @@ func (s *Store) rec(ctx context.Context) idemq.Recorder {
 }
 
 // Records: "p:<token>" processing, owned by token (PX the lease); "d" a
-// recent done marker.
+// recent done marker (the record of internal/redisrecord, which also
+// holds the release and extend scripts).
 //
 // tieredClaim: KEYS[1] the record, KEYS[2..] the checked bitmaps; ARGV[1]
 // token, ARGV[2] lease ms, ARGV[3] 1 to skip the filter (a verified false
@@ -156,44 +157,9 @@ add_bits(KEYS[2], KEYS[3], ARGV[3], ARGV[4], 5)
 return ours
 `)
 
-var tieredRelease = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-`)
-
-var tieredExtend = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == 'p:' .. ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-`)
-
-func storeErr(op string, err error) error {
-	var se *dedup.StoreError
-	if errors.As(err, &se) {
-		return err
-	}
-	return &dedup.StoreError{Op: op, Err: err}
-}
-
-func prepare(ctx context.Context, op, key string) error {
-	if err := dedup.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return &dedup.StoreError{Op: op, Err: err}
-	}
-	return nil
-}
-
-// ms converts a duration to whole milliseconds, at least 1.
-func ms(d time.Duration) int64 { return max(int64((d+time.Millisecond-1)/time.Millisecond), 1) }
-
 // Claim implements [dedup.Store].
 func (s *Store) Claim(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
-	if err := prepare(ctx, "claim", key); err != nil {
+	if err := dedup.CheckOp(ctx, "claim", key); err != nil {
 		return dedup.Claim{}, err
 	}
 	c, err := s.claim(ctx, key, token, lease, false)
@@ -214,7 +180,7 @@ func (s *Store) maybe(ctx context.Context, key, token string, lease time.Duratio
 	}
 	done, err := s.cfg.Verifier.Done(ctx, key)
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", fmt.Errorf("bloom verifier: %w", err))
+		return dedup.Claim{}, dedup.WrapStoreError("claim", fmt.Errorf("bloom verifier: %w", err))
 	}
 	if done {
 		rec.Add(bloom.CountVerifiedDone, 1)
@@ -237,7 +203,7 @@ func (s *Store) claimArgs(key, token string, lease time.Duration, skipFilter boo
 	if skipFilter {
 		skip = "1"
 	}
-	shard, args := s.f.locate(key, []any{token, ms(lease), skip})
+	shard, args := s.f.locate(key, []any{token, redisrecord.Millis(lease), skip})
 	keys := make([]string, 1, len(gens)+1)
 	keys[0] = s.RecordKey(key)
 	for _, g := range gens {
@@ -250,22 +216,15 @@ func (s *Store) claimArgs(key, token string, lease time.Duration, skipFilter boo
 func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
 	vals, err := cmd.Int64Slice()
 	if err != nil {
-		return dedup.Claim{}, storeErr("claim", err)
+		return dedup.Claim{}, dedup.WrapStoreError("claim", err)
 	}
-	if len(vals) != 2 {
-		return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
-	}
-	switch vals[0] {
-	case 1:
-		return dedup.Claim{Result: dedup.Acquired}, nil
-	case 2:
-		return dedup.Claim{Result: dedup.InFlight, LeaseLeft: max(time.Duration(vals[1])*time.Millisecond, 0)}, nil
-	case 3:
-		return dedup.Claim{Result: dedup.Done}, nil
-	case 4:
+	if len(vals) == 2 && vals[0] == 4 {
 		return dedup.Claim{}, nil
 	}
-	return dedup.Claim{}, storeErr("claim", fmt.Errorf("unexpected script reply %v", vals))
+	if c, ok := redisrecord.Claim(vals); ok {
+		return c, nil
+	}
+	return dedup.Claim{}, dedup.WrapStoreError("claim", fmt.Errorf("unexpected script reply %v", vals))
 }
 
 // Complete implements [dedup.Store]: the record of truth first (when the
@@ -274,12 +233,12 @@ func claimReply(cmd *redis.Cmd) (dedup.Claim, error) {
 // current generation. The filter's own window applies to the bits (see
 // bloom.Store.Complete on windows).
 func (s *Store) Complete(ctx context.Context, key, token string, window time.Duration) error {
-	if err := prepare(ctx, "complete", key); err != nil {
+	if err := dedup.CheckOp(ctx, "complete", key); err != nil {
 		return err
 	}
 	if s.marker != nil {
 		if err := s.marker.MarkDone(ctx, key, window); err != nil {
-			return storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+			return dedup.WrapStoreError("complete", fmt.Errorf("bloom record of truth: %w", err))
 		}
 	}
 	keys, args := s.completeArgs(key, token, window, s.f.p.Gen(s.f.now()))
@@ -291,7 +250,7 @@ func (s *Store) Complete(ctx context.Context, key, token string, window time.Dur
 func (s *Store) completeArgs(key, token string, window time.Duration, g int64) ([]string, []any) {
 	var marker int64
 	if s.cfg.Recent > 0 {
-		marker = ms(min(window, s.cfg.Recent))
+		marker = redisrecord.Millis(min(window, s.cfg.Recent))
 	}
 	shard, args := s.f.locate(key, []any{token, marker, s.f.expireAt(g), s.f.shardBits - 1})
 	return []string{s.RecordKey(key), s.f.BitmapKey(shard, g), s.f.CounterKey(shard, g)}, args
@@ -300,7 +259,7 @@ func (s *Store) completeArgs(key, token string, window time.Duration, g int64) (
 func (s *Store) completeReply(ctx context.Context, cmd *redis.Cmd, window time.Duration) error {
 	n, err := cmd.Int64()
 	if err != nil {
-		return storeErr("complete", err)
+		return dedup.WrapStoreError("complete", err)
 	}
 	if window > s.f.p.Window {
 		s.rec(ctx).Add(bloom.CountWindowExceeded, 1)
@@ -318,7 +277,7 @@ func (s *Store) ClaimBatch(ctx context.Context, reqs []dedup.ClaimRequest) []ded
 	out := make([]dedup.ClaimReply, len(reqs))
 	var idx []int
 	for i, r := range reqs {
-		if err := prepare(ctx, "claim", r.Key); err != nil {
+		if err := dedup.CheckOp(ctx, "claim", r.Key); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -363,14 +322,14 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 	var g errgroup.Group
 	g.SetLimit(sideCalls)
 	for i, r := range reqs {
-		if err := prepare(ctx, "complete", r.Key); err != nil {
+		if err := dedup.CheckOp(ctx, "complete", r.Key); err != nil {
 			out[i] = err
 			continue
 		}
 		if s.marker != nil {
 			g.Go(func() error {
 				if err := s.marker.MarkDone(ctx, r.Key, r.Window); err != nil {
-					out[i] = storeErr("complete", fmt.Errorf("bloom record of truth: %w", err))
+					out[i] = dedup.WrapStoreError("complete", fmt.Errorf("bloom record of truth: %w", err))
 				}
 				return nil
 			})
@@ -395,12 +354,12 @@ func (s *Store) CompleteBatch(ctx context.Context, reqs []dedup.CompleteRequest)
 }
 
 func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key string, args ...any) error {
-	if err := prepare(ctx, op, key); err != nil {
+	if err := dedup.CheckOp(ctx, op, key); err != nil {
 		return err
 	}
 	n, err := script.Run(ctx, s.c, []string{s.RecordKey(key)}, args...).Int64()
 	if err != nil {
-		return storeErr(op, err)
+		return dedup.WrapStoreError(op, err)
 	}
 	if n != 1 {
 		return dedup.ErrLeaseLost
@@ -410,12 +369,12 @@ func (s *Store) cas(ctx context.Context, op string, script *redis.Script, key st
 
 // Release implements [dedup.Store].
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	return s.cas(ctx, "release", tieredRelease, key, token)
+	return s.cas(ctx, "release", redisrecord.Release, key, token)
 }
 
 // Extend implements [dedup.Store].
 func (s *Store) Extend(ctx context.Context, key, token string, lease time.Duration) error {
-	return s.cas(ctx, "extend", tieredExtend, key, token, ms(lease))
+	return s.cas(ctx, "extend", redisrecord.Extend, key, token, redisrecord.Millis(lease))
 }
 
 // Stats returns the filter's stats.
