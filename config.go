@@ -2,7 +2,6 @@ package idemq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -255,7 +254,7 @@ func (c ConsumerConfig) withDefaults() ConsumerConfig {
 // not below half of ConsumerTimeout.
 func (c ConsumerConfig) Validate() error {
 	if c.Queue == "" {
-		return errors.New("idemq: ConsumerConfig.Queue is required")
+		return fmt.Errorf("%w: ConsumerConfig.Queue is required", ErrInvalidConfig)
 	}
 	if err := c.Pipeline.Validate(); err != nil {
 		return err
@@ -263,14 +262,14 @@ func (c ConsumerConfig) Validate() error {
 	c = c.withDefaults()
 	if c.ManagementURL != "" {
 		if _, err := mgmt.New(c.ManagementURL, c.ManagementClient); err != nil {
-			return fmt.Errorf("idemq: ConsumerConfig.ManagementURL: %w", err)
+			return fmt.Errorf("%w: ConsumerConfig.ManagementURL: %w", ErrInvalidConfig, err)
 		}
 	}
 	if c.HandlerTimeout < 0 {
-		return fmt.Errorf("idemq: ConsumerConfig.HandlerTimeout %v is negative", c.HandlerTimeout)
+		return fmt.Errorf("%w: ConsumerConfig.HandlerTimeout %v is negative", ErrInvalidConfig, c.HandlerTimeout)
 	}
 	if c.ConsumerTimeout > 0 && (c.ConsumerTimeoutMargin < 0 || c.ConsumerTimeoutMargin*2 >= c.ConsumerTimeout) {
-		return fmt.Errorf("idemq: ConsumerConfig.ConsumerTimeoutMargin %v must be positive and less than half of ConsumerTimeout %v",
+		return fmt.Errorf("%w: ConsumerConfig.ConsumerTimeoutMargin %v must be positive and less than half of ConsumerTimeout %v", ErrInvalidConfig,
 			c.ConsumerTimeoutMargin, c.ConsumerTimeout)
 	}
 	return nil
@@ -436,11 +435,11 @@ func (c PublisherConfig) Validate() error {
 	}
 	switch {
 	case c.MaxInFlight < 0:
-		return fmt.Errorf("idemq: PublisherConfig.MaxInFlight %d is negative", c.MaxInFlight)
+		return fmt.Errorf("%w: PublisherConfig.MaxInFlight %d is negative", ErrInvalidConfig, c.MaxInFlight)
 	case c.MaxAttempts < 0:
-		return fmt.Errorf("idemq: PublisherConfig.MaxAttempts %d is negative", c.MaxAttempts)
+		return fmt.Errorf("%w: PublisherConfig.MaxAttempts %d is negative", ErrInvalidConfig, c.MaxAttempts)
 	case c.Heartbeat < 0:
-		return fmt.Errorf("idemq: PublisherConfig.Heartbeat %v is negative", c.Heartbeat)
+		return fmt.Errorf("%w: PublisherConfig.Heartbeat %v is negative", ErrInvalidConfig, c.Heartbeat)
 	}
 	return nil
 }

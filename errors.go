@@ -36,7 +36,21 @@ var (
 	// database, the dedup store) cannot be reached. Match it with errors.Is
 	// on an [*UnavailableError].
 	ErrDependencyUnavailable = errors.New("idemq: dependency unavailable")
+	// ErrInvalidConfig is matched (errors.Is) by every configuration idemq
+	// refuses: the root's configs and each package's, whose own
+	// ErrInvalidConfig (retry.ErrInvalidConfig, dedup.ErrInvalidConfig, …)
+	// is a [ConfigErrorClass].
+	ErrInvalidConfig = errors.New("idemq: invalid config")
 )
+
+// ConfigErrorClass returns a package's invalid-config sentinel: an error
+// whose text is msg and that errors.Is matches with [ErrInvalidConfig].
+func ConfigErrorClass(msg string) error { return configClass(msg) }
+
+type configClass string
+
+func (e configClass) Error() string        { return string(e) }
+func (e configClass) Is(target error) bool { return target == ErrInvalidConfig }
 
 // UnavailableError says a dependency (Dependency names it: "postgres",
 // "redis", "dedup-store") could not be reached. It is not the message's

@@ -2,7 +2,6 @@ package idemq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -83,11 +82,11 @@ func (p Pipeline) layerProbes() []func(context.Context) error {
 }
 
 // ErrNoHandler is returned for a [Pipeline] without a Handler.
-var ErrNoHandler = errors.New("idemq: Pipeline.Handler is required")
+var ErrNoHandler = ConfigErrorClass("idemq: Pipeline.Handler is required")
 
 // ErrWindowTooShort is returned (as a [*WindowError]) for a [Pipeline]
 // whose dedup window is shorter than its policy's retry horizon.
-var ErrWindowTooShort = errors.New("idemq: dedup window shorter than the retry horizon")
+var ErrWindowTooShort = ConfigErrorClass("idemq: dedup window shorter than the retry horizon")
 
 // RetryHorizoner is implemented by a [FailurePolicy] whose retries of a
 // message end a bounded time after its first delivery (retry.Policy).

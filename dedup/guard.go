@@ -30,7 +30,7 @@ var ErrInFlight = errors.New("dedup: another consumer holds the lease")
 
 // ErrInvalidConfig is wrapped by the error [Config.Validate] (and
 // [NewGuard]) returns for a configuration the guard cannot run with.
-var ErrInvalidConfig = errors.New("dedup: invalid guard config")
+var ErrInvalidConfig = idemq.ConfigErrorClass("dedup: invalid guard config")
 
 // Config configures a [Guard]. Store is required; every other field has a
 // documented default.

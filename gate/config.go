@@ -30,7 +30,7 @@ const (
 )
 
 // ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
-var ErrInvalidConfig = errors.New("gate: invalid config")
+var ErrInvalidConfig = idemq.ConfigErrorClass("gate: invalid config")
 
 // Route is one target a message is forwarded to.
 type Route struct {

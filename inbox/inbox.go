@@ -57,7 +57,7 @@ type Config struct {
 var (
 	// ErrInvalidConfig is wrapped by every error [New] returns for a
 	// Config it refuses.
-	ErrInvalidConfig = errors.New("inbox: invalid config")
+	ErrInvalidConfig = idemq.ConfigErrorClass("inbox: invalid config")
 	// ErrWindowTooShort: Config.Window is shorter than Config.RetryHorizon,
 	// so a retried message could find its inbox row purged and run twice.
 	// It wraps [ErrInvalidConfig].

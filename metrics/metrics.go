@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemq/idemq"
 )
 
 // Config configures [New]. The zero value is usable.
@@ -32,7 +34,7 @@ type Config struct {
 
 // ErrInvalidConfig is wrapped by every error [Config.Validate] returns,
 // and by New's for a configuration it cannot use.
-var ErrInvalidConfig = errors.New("metrics: invalid config")
+var ErrInvalidConfig = idemq.ConfigErrorClass("metrics: invalid config")
 
 var namespaceRe = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 

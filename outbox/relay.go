@@ -148,7 +148,7 @@ func (nopRecorder) Add(string, int64) {}
 
 // ErrInvalidConfig is wrapped by every error [RelayConfig.Validate]
 // returns.
-var ErrInvalidConfig = errors.New("outbox: invalid config")
+var ErrInvalidConfig = idemq.ConfigErrorClass("outbox: invalid config")
 
 // Validate reports a configuration [NewRelay] refuses: no Store or
 // Publisher, a negative setting, or a PublishTimeout not below Lease (a

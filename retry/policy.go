@@ -174,7 +174,7 @@ func (c Config) withDefaults() Config {
 }
 
 // ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
-var ErrInvalidConfig = errors.New("retry: invalid configuration")
+var ErrInvalidConfig = idemq.ConfigErrorClass("retry: invalid configuration")
 
 // Validate reports a configuration whose republishes could never succeed,
 // so it fails at startup rather than at the first failed delivery: a

@@ -1,12 +1,13 @@
 package bloom
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	bb "github.com/bits-and-blooms/bloom/v3"
+
+	"github.com/idemq/idemq"
 )
 
 // FilterConfig sizes a rotating, time-windowed Bloom filter. The zero value
@@ -42,7 +43,7 @@ const (
 
 // ErrInvalidConfig is wrapped by every configuration error of the Bloom
 // filter, store and router (and of redisbloom's).
-var ErrInvalidConfig = errors.New("bloom: invalid configuration")
+var ErrInvalidConfig = idemq.ConfigErrorClass("bloom: invalid configuration")
 
 // Params is a sized filter. See the package documentation for the
 // arithmetic.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/internal/redisrecord"
 	"github.com/idemq/idemq/internal/redisscript"
@@ -74,7 +75,7 @@ var (
 )
 
 // ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
-var ErrInvalidConfig = errors.New("redisstore: invalid config")
+var ErrInvalidConfig = idemq.ConfigErrorClass("redisstore: invalid config")
 
 // ErrNoClient is returned by [New] without a Redis client.
 var ErrNoClient = errors.New("redisstore: a Redis client is required")

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/dedup"
 	"github.com/idemq/idemq/sqldb"
 )
@@ -65,7 +66,7 @@ var (
 )
 
 // ErrInvalidConfig is wrapped by every error [Config.Validate] returns.
-var ErrInvalidConfig = errors.New("sqlstore: invalid config")
+var ErrInvalidConfig = idemq.ConfigErrorClass("sqlstore: invalid config")
 
 // Validate checks what of cfg needs no database. [New] calls it, then
 // checks the table name against the dialect ([sqldb.Dialect.CheckTable]).
