@@ -178,8 +178,9 @@ type ConsumerConfig struct {
 	// request.
 	ManagementClient *http.Client
 
-	// AtStart, when set, runs once in the background when Run starts,
-	// with a context that ends when Run returns; Run does not wait for it.
+	// AtStart, when set, runs in the background each time Run starts,
+	// with a context that ends when Run returns; Run does not wait for it,
+	// and a panic in it is logged, not raised.
 	// For checks of the deployment that log what they find:
 	// doctor.AtStart(logger, doctor.Config{...}) checks the queues, the
 	// stores and the horizons this consumer relies on. Default nil.

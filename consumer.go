@@ -154,7 +154,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.AtStart != nil {
 		sctx, stopStart := context.WithCancel(ctx)
 		defer stopStart()
-		go c.cfg.AtStart(sctx)
+		go func() {
+			defer func() {
+				if r := recover(); r != nil {
+					c.log.Error("idemq: ConsumerConfig.AtStart panicked", "panic", r)
+				}
+			}()
+			c.cfg.AtStart(sctx)
+		}()
 	}
 
 	failures := 0

@@ -18,7 +18,8 @@ import (
 // (idemq_dedup_store_errors_total; dedup.ErrLeaseLost is an answer, not an
 // error) and, for a dedup.BatchStore, its batch sizes. The result is a
 // dedup.BatchStore when s is one, so the guard still batches. Ops: claim,
-// complete, release, extend, claim_batch, complete_batch.
+// complete, release, extend, claim_batch, complete_batch, and probe (the
+// breaker's dedup.Probe: its claim and release, on dedup.IsProbeKey keys).
 func (m *Metrics) Store(name string, s dedup.Store) dedup.Store {
 	is := &instrumented{s: s}
 	for i, op := range storeOps {
@@ -39,9 +40,18 @@ const (
 	opExtend
 	opClaimBatch
 	opCompleteBatch
+	opProbe
 )
 
-var storeOps = [...]string{"claim", "complete", "release", "extend", "claim_batch", "complete_batch"}
+var storeOps = [...]string{"claim", "complete", "release", "extend", "claim_batch", "complete_batch", "probe"}
+
+// opOf is op, or opProbe for a key of dedup.Probe's.
+func opOf(op int, key string) int {
+	if dedup.IsProbeKey(key) {
+		return opProbe
+	}
+	return op
+}
 
 type instrumented struct {
 	s     dedup.Store
@@ -60,7 +70,7 @@ func (is *instrumented) done(op int, start time.Time, err error) {
 func (is *instrumented) Claim(ctx context.Context, key, token string, lease time.Duration) (dedup.Claim, error) {
 	start := time.Now()
 	c, err := is.s.Claim(ctx, key, token, lease)
-	is.done(opClaim, start, err)
+	is.done(opOf(opClaim, key), start, err)
 	return c, err
 }
 
@@ -74,7 +84,7 @@ func (is *instrumented) Complete(ctx context.Context, key, token string, window 
 func (is *instrumented) Release(ctx context.Context, key, token string) error {
 	start := time.Now()
 	err := is.s.Release(ctx, key, token)
-	is.done(opRelease, start, err)
+	is.done(opOf(opRelease, key), start, err)
 	return err
 }
 

@@ -1,7 +1,10 @@
 package redisstore_test
 
 import (
+	"context"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,11 +21,14 @@ import (
 // and are answered after the restart). With appendonly the history stays
 // linearizable: a call that failed may or may not have taken effect (the
 // model allows both), and one the server answered was written to the AOF
-// before the answer. That holds for appendfsync everysec too: Redis
-// writes the AOF buffer to the file before it replies, and a process
-// killed with SIGKILL leaves that write in the kernel; everysec loses its
-// last second only when the machine itself stops (power, kernel), which
-// this test cannot do. Without
+// before the answer. That mostly holds for appendfsync everysec too:
+// Redis writes the AOF buffer to the file before it replies and a process
+// killed with SIGKILL leaves that write in the kernel — unless a
+// background fsync is still running (a slow disk): Redis then postpones
+// the write by up to 2 s and answers meanwhile (INFO's aof_delayed_fsync
+// counts it), and the test accepts Illegal. everysec also loses its last
+// second when the machine itself stops (power, kernel), which this test
+// cannot do. Without
 // persistence it is not, by design: the restart forgets what it had
 // answered (a claim after it is acquired where the record was done); the
 // check shows exactly that, and docs/GUARANTEES.md says what it means.
@@ -51,9 +57,12 @@ func TestLinearizableThroughRedisRestarts(t *testing.T) {
 				done <- storetest.CheckLinearizable(t, st, "redis-restarts-"+tc.name,
 					storetest.LinParams{Ops: 40, Pace: 2 * time.Millisecond, Until: until})
 			}()
-			restarts := 0
+			restarts, delayed := 0, 0
 			for range 2 {
 				time.Sleep(300 * time.Millisecond)
+				if tc.fsync == "everysec" {
+					delayed += delayedFsyncs(t, c) // the count starts again with the server
+				}
 				rs.Kill() // SIGKILL
 				time.Sleep(150 * time.Millisecond)
 				rs.Start() // on the same folder (its AOF, if any)
@@ -63,6 +72,15 @@ func TestLinearizableThroughRedisRestarts(t *testing.T) {
 			close(until)
 			res := <-done
 			t.Logf("%d calls on %d keys, %d failed, %d kill -9 + restart: verdict %s %s", res.Ops, res.Keys, res.Errors, restarts, res.Verdict, res.Visualized)
+			// everysec may postpone the AOF write while a background fsync
+			// runs (a slow disk) and answer meanwhile; a SIGKILL then loses
+			// answered writes. Redis counts those postponements.
+			if tc.fsync == "everysec" && !res.Linearizable {
+				if delayed > 0 {
+					t.Logf("appendfsync everysec: %d postponed AOF writes on a slow disk; Illegal is allowed then", delayed)
+					return
+				}
+			}
 			switch {
 			case tc.persist && !res.Linearizable:
 				t.Fatalf("appendfsync %s: verdict %s, want Ok; see %s", tc.fsync, res.Verdict, res.Visualized)
@@ -107,4 +125,22 @@ func TestLinearizableThroughConnectionCuts(t *testing.T) {
 	if cuts == 0 {
 		t.Fatal("the proxy cut no connection: the test did not test")
 	}
+}
+
+// delayedFsyncs is INFO persistence's aof_delayed_fsync: how often Redis
+// postponed an AOF write behind a running background fsync.
+func delayedFsyncs(t *testing.T, c *redis.Client) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "persistence").Result()
+	if err != nil {
+		t.Fatalf("INFO persistence: %v", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "aof_delayed_fsync:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
 }

@@ -44,7 +44,10 @@ func TestLinearizabilityCatchesAPlantedDefect(t *testing.T) {
 // stall the model knows outlived the lease; the checker catches it. The
 // same store on the real clock passes, with claims taken over.
 func TestLinearizabilityCatchesLeasesThatNeverEnd(t *testing.T) {
-	p := storetest.LinParams{Rounds: 8, Ops: 8, Keys: 2, Pace: 25 * time.Millisecond,
+	// A round (16 calls 25 ms apart: 400 ms and more) outlasts a stall
+	// plus the lease's end (350 ms), so the others are still on the
+	// stalled client's keys when its lease has surely ended.
+	p := storetest.LinParams{Rounds: 6, Ops: 16, Keys: 2, Pace: 25 * time.Millisecond,
 		Lease: 100 * time.Millisecond, Stall: 250 * time.Millisecond, StallPercent: 50}
 	good := storetest.CheckLinearizable(t, dedup.NewMemory(dedup.MemoryConfig{}), "memory-leases", p)
 	if !good.Linearizable || good.TakenOver == 0 {

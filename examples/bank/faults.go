@@ -225,13 +225,18 @@ func (r *modeRun) planDBOutages() {
 	for k := 1; k <= o.dbOutages; k++ {
 		shape := o.dbOutageShapes[(k-1)%len(o.dbOutageShapes)]
 		r.at((3*k-1)*o.messages/(3*(o.dbOutages+1)), func(ctx context.Context) error {
-			// A consumer killed a second into the outage: its successor
-			// starts while the database is unavailable, and must wait.
+			// A consumer killed a second into the outage (at most half of
+			// it): its successor starts while the database is unavailable,
+			// and must wait. The kill is counted with the others (killed).
 			started := func() {
 				r.outageStarted()
-				time.AfterFunc(time.Second, func() {
-					r.sup.killOne(rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 13)))
-				})
+				go func() {
+					select {
+					case <-time.After(min(time.Second, o.dbOutageDur/2)):
+						r.sup.killOne(rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 13)))
+					case <-ctx.Done():
+					}
+				}()
 			}
 			if err := o.pg.outage(ctx, shape, o.dbOutageDur, started); err != nil {
 				return fmt.Errorf("database outage (%s): %w", shape, err)

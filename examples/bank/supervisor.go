@@ -89,6 +89,10 @@ func (s *supervisor) run(slot int) {
 		delete(s.statsOf, slot)
 		s.mu.Unlock()
 		var ee *exec.ExitError
+		if err == nil && !s.stopping.Load() {
+			s.exitedN.Add(1) // exited 0 by itself
+			fmt.Fprintf(os.Stderr, "consumer exited by itself with status 0\n")
+		}
 		if errors.As(err, &ee) {
 			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
 				s.crashN.Add(1)

@@ -275,10 +275,11 @@ func tail(s string, n int) string {
 	return s
 }
 
-// Signal sends sig to the server's postmaster and every process it
-// started (its backends and background workers): SIGSTOP stalls the
-// whole server — connections are still accepted by the kernel and never
-// answered, running queries hang — and SIGCONT resumes it.
+// Signal sends sig to the server's postmaster, then to every process it
+// started (its backends and background workers; Linux: read from /proc):
+// SIGSTOP stalls the whole server — connections are still accepted by the
+// kernel and never answered, running queries hang — and SIGCONT resumes
+// it. Resume a stopped server before Stop.
 func (s *Server) Signal(sig syscall.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -291,10 +292,29 @@ func (s *Server) Signal(sig syscall.Signal) error {
 	if err != nil {
 		return fmt.Errorf("postmaster.pid: %w", err)
 	}
-	pids := append([]int{pid}, children(pid)...)
-	for _, p := range pids {
-		if err := syscall.Kill(p, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("signal %v to %d: %w", sig, p, err)
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		return fmt.Errorf("signal the server's processes: needs /proc: %w", err)
+	}
+	// The postmaster first, so it forks no new backend, then its children,
+	// listed again until no new one shows up.
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("signal %v to the postmaster %d: %w", sig, pid, err)
+	}
+	signalled := map[int]bool{}
+	for round := 0; round < 5; round++ {
+		fresh := 0
+		for _, p := range children(pid) {
+			if signalled[p] {
+				continue
+			}
+			fresh++
+			signalled[p] = true
+			if err := syscall.Kill(p, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("signal %v to %d: %w", sig, p, err)
+			}
+		}
+		if fresh == 0 && round > 0 {
+			break
 		}
 	}
 	return nil
