@@ -1,11 +1,9 @@
 package doctor_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,25 +12,6 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 	"github.com/idemq/idemq/topology"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger's writes and the test's
-// reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A consumer given doctor.AtStart as ConsumerConfig.AtStart logs, once,
 // what the doctor finds wrong with the deployment it runs in — here a
@@ -48,7 +27,7 @@ func TestConsumerRunsTheDoctorAtStart(t *testing.T) {
 	if _, err := testenv.Channel(t).QueueDeclare(p.Queue, true, false, false, false, p.Args); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	c, err := idemq.NewConsumer(idemq.ConsumerConfig{URL: amqpURL, Queue: p.Queue, Logger: log,
 		Pipeline: idemq.Pipeline{Handler: idemq.HandlerFunc(func(context.Context, *idemq.Delivery) error { return nil })},

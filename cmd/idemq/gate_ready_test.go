@@ -46,7 +46,7 @@ queues:
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			cmd := newRootCmd()
-			var logs syncBuffer
+			var logs testenv.LogBuffer
 			cmd.SetOut(&logs)
 			cmd.SetErr(&logs)
 			cmd.SetArgs(append([]string{"gate", "--from", ingress, "--to", target, "--amqp", url,

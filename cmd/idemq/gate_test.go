@@ -98,7 +98,7 @@ bindings:
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetOut(&logs)
 	cmd.SetErr(&logs)
 	cmd.SetArgs([]string{"gate", "--from", ingress, "--to", target, "--amqp", url,

@@ -28,7 +28,7 @@ func TestRelayRefusesWrongAMQPPassword(t *testing.T) {
 	defer cancel()
 
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
 	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", u.String(), "--log-format", "text"})
@@ -62,7 +62,7 @@ func TestRelayWarnsOnUnreachableBroker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
 	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", "amqp://guest:guest@127.0.0.1:" + strconv.Itoa(port) + "/", "--log-format", "text"})
@@ -103,7 +103,7 @@ func TestRelayLogsDoctorFindings(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
 	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", testenv.RequireAMQP(t), "--log-format", "text"})

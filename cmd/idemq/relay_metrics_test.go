@@ -30,7 +30,7 @@ func TestRelayCommandMetricsListen(t *testing.T) {
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
 	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", amqpURL, "--metrics-listen", addr, "--stats-interval", "100ms"})

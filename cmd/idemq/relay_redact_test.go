@@ -50,7 +50,7 @@ func TestRelayNeverShowsThePassword(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 			defer cancel()
 			cmd := newRootCmd()
-			var logs syncBuffer
+			var logs testenv.LogBuffer
 			cmd.SetErr(&logs)
 			cmd.SetOut(&logs)
 			args := []string{"relay", "--db", c.db, "--amqp", amqpURL, "--log-format", "text", "--log-level", "debug", "--lease", "1s"}
@@ -94,7 +94,7 @@ func TestRelayMalformedAMQPURLNotLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
 	cmd.SetArgs([]string{"relay", "--db", "sqlite://" + path, "--amqp", "amqp://guest:ab/" + secret + "@127.0.0.1:5672/",

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -75,24 +73,6 @@ func TestResolveDB(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the relay's concurrent log writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRelayCommandSQLite runs the command in process against SQLite and
 // stops it by cancelling its context, as main's signal context does; with
 // --delete-sent the published rows are gone, without it they are sent.
@@ -118,7 +98,7 @@ func testRelayCommandSQLite(t *testing.T, deleteSent bool) {
 	}
 
 	cmd := newRootCmd()
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	cmd.SetErr(&logs)
 	cmd.SetOut(&logs)
 	args := []string{"relay", "--db", "sqlite://" + path, "--amqp", amqpURL, "--log-format", "json"}
@@ -209,7 +189,7 @@ func TestRelayCommandSIGTERM(t *testing.T) {
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperRelayMain$")
 	// The AMQP URL comes from the environment, with a password to redact.
 	child.Env = testenv.Env("IDEMQ_TEST_RELAY_MAIN_ARGS=" + strings.Join(args, "\x1f"))
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	child.Stdout, child.Stderr = &logs, &logs
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
@@ -297,7 +277,7 @@ func TestRelayStartsWhileDatabaseRefuses(t *testing.T) {
 	args := []string{"relay", "--db", dsn, "--poll", "100ms", "--log-format", "text"}
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperRelayMain$")
 	child.Env = testenv.Env("IDEMQ_TEST_RELAY_MAIN_ARGS=" + strings.Join(args, "\x1f"))
-	var logs syncBuffer
+	var logs testenv.LogBuffer
 	child.Stdout, child.Stderr = &logs, &logs
 	if err := child.Start(); err != nil {
 		t.Fatal(err)

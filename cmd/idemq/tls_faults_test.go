@@ -147,7 +147,7 @@ func TestFaultTLS(t *testing.T) {
 	}
 	plainAMQPS := fmt.Sprintf("amqps://guest:guest@localhost:%d/", srv.AMQPPort)
 	relay := newRootCmd()
-	var relayLog syncBuffer
+	var relayLog testenv.LogBuffer
 	relay.SetOut(&relayLog)
 	relay.SetErr(&relayLog)
 	relay.SetArgs([]string{"relay", "--db", dsn, "--amqp", plainAMQPS, "--log-format", "text"})
@@ -300,7 +300,7 @@ func redisOpts(t *testing.T, rawURL, caFile string) *redis.Options {
 // runCLICtx runs idemq with args in-process and returns its output.
 func runCLICtx(ctx context.Context, args ...string) (string, error) {
 	cmd := newRootCmd()
-	var out syncBuffer
+	var out testenv.LogBuffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
 	cmd.SetArgs(args)

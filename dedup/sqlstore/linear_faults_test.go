@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemq/idemq/dedup/sqlstore"
 	"github.com/idemq/idemq/dedup/storetest"
 	"github.com/idemq/idemq/internal/testenv"
@@ -22,16 +20,7 @@ func TestLinearizableThroughPostgresCrashes(t *testing.T) {
 	pg := testenv.StartPrivatePostgres(t)
 	url := pg.CreateDB("lincheck")
 	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.ConnectTimeout = time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.PgxPool(t, url)
 	st, err := sqlstore.New(ctx, postgres.Pgx(pool), sqlstore.Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemq/idemq"
@@ -159,16 +158,7 @@ func TestPostgresOutageDeadLettersNothing(t *testing.T) {
 	pg := testenv.StartPrivatePostgres(t)
 	db := pg.CreateDB("outage")
 	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.ConnectTimeout = time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.PgxPool(t, db)
 	if _, err := pool.Exec(ctx, `CREATE TABLE applied (message_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}

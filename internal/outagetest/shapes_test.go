@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq"
@@ -167,16 +166,7 @@ func redisGuardCellOn(t *testing.T, got func(*testenv.PrivateRedis), refuse, all
 func postgresReadOnlyCell(t *testing.T) (idemq.ConsumerConfig, idemq.Handler, func(), func(), func() map[string]int) {
 	dbURL := testenv.PostgresDB(t)
 	ctx := context.Background()
-	pcfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.ConnectTimeout = time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := testenv.PgxPool(t, dbURL)
 	if _, err := pool.Exec(ctx, `CREATE TABLE applied (message_id text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +180,7 @@ func postgresReadOnlyCell(t *testing.T) (idemq.ConsumerConfig, idemq.Handler, fu
 	})
 	var cfg idemq.ConsumerConfig
 	configureBreaker(&cfg, ib.Probe)
-	name := pcfg.ConnConfig.Database
+	name := pool.Config().ConnConfig.Database
 	admin := func(sql string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
