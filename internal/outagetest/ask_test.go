@@ -13,6 +13,23 @@ import (
 	"github.com/idemq/idemq/internal/testenv"
 )
 
+// pgAdmin runs sql on the shared PostgreSQL's postgres database, as its
+// superuser; a failure fails the test.
+func pgAdmin(t *testing.T, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testenv.PostgresURL())
+	if err != nil {
+		t.Errorf("admin connection: %v", err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Errorf("%s: %v", sql, err)
+	}
+}
+
 // refuseConnections makes PostgreSQL refuse new connections to the
 // database of dbURL with a server error (SQLSTATE 55000, "not currently
 // accepting connections") and ends its sessions; allow undoes it.
@@ -23,19 +40,7 @@ func refuseConnections(t *testing.T, dbURL string) (refuse, allow func()) {
 		t.Fatal(err)
 	}
 	name := cfg.Database
-	admin := func(sql string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, testenv.PostgresURL())
-		if err != nil {
-			t.Errorf("admin connection: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Errorf("%s: %v", sql, err)
-		}
-	}
+	admin := func(sql string) { pgAdmin(t, sql) }
 	refuse = func() {
 		admin(fmt.Sprintf(`ALTER DATABASE %q ALLOW_CONNECTIONS false`, name))
 		admin(fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '%s' AND pid <> pg_backend_pid()`, name))

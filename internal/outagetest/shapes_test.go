@@ -181,19 +181,7 @@ func postgresReadOnlyCell(t *testing.T) (idemq.ConsumerConfig, idemq.Handler, fu
 	var cfg idemq.ConsumerConfig
 	configureBreaker(&cfg, ib.Probe)
 	name := pool.Config().ConnConfig.Database
-	admin := func(sql string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, testenv.PostgresURL())
-		if err != nil {
-			t.Errorf("admin connection: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Errorf("%s: %v", sql, err)
-		}
-	}
+	admin := func(sql string) { pgAdmin(t, sql) }
 	endSessions := fmt.Sprintf(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '%s' AND pid <> pg_backend_pid()`, name)
 	refuse := func() {
 		admin(fmt.Sprintf(`ALTER DATABASE %q SET default_transaction_read_only = on`, name))
